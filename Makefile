@@ -1,0 +1,28 @@
+# make demo: set up .venv and run the default pipeline on the embedded phantom dataset.
+# make test: set up .venv and run the test suite (what CI runs).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/snakemake --profile profiles/local all
+	@echo "results: results/metrics.parquet, results/analysis/rank_summary.csv, results/figures/"
+
+test: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -ra
+
+bench: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) bench/run_all.py
+
+clean:
+	rm -rf results .snakemake

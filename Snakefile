@@ -1,0 +1,24 @@
+# retinabench: data -> splits -> image cache -> features -> frozen probes -> metrics -> ranks -> figures.
+# Run: snakemake --profile profiles/local all   (see README for Slurm, other configs and partial reruns)
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/features.smk"
+include: "workflow/rules/probes.smk"
+include: "workflow/rules/analysis.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

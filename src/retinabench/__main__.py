@@ -1,0 +1,3 @@
+from retinabench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Data layer: adapters (raw layout -> manifest + exclusions), splits, image cache, phantom generator."""

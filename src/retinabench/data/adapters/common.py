@@ -1,0 +1,44 @@
+"""Helpers shared by adapters: exclusion records and manifest finishing (hashes, checks)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+from retinabench.hashing import sha256_file
+from retinabench.schemas import MANIFEST, MODALITIES
+
+
+class Exclusions:
+    """Collects exclusion rows; ``scope`` is ``image``, ``label:<column>`` or ``normalised``."""
+
+    def __init__(self, dataset: str):
+        self.dataset = dataset
+        self.rows: list[dict] = []
+
+    def add(self, source: str, image_id: str | None, scope: str, reason: str) -> None:
+        self.rows.append({"dataset": self.dataset, "source": source, "image_id": image_id, "scope": scope,
+                          "reason": reason})
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["dataset", "source", "image_id", "scope", "reason"])
+
+
+def finish_manifest(df: pd.DataFrame, root: Path, label_columns: list[str], threads: int = 4) -> pd.DataFrame:
+    """Check the fixed columns, add each file's sha256 and return columns in schema order."""
+    dupes = df.loc[df["image_id"].duplicated(keep=False), "image_id"]
+    if len(dupes):
+        raise ValueError(f"manifest for {root}: duplicate image_id values {sorted(set(dupes))[:10]}")
+    bad_mod = sorted(set(df["modality"]) - set(MODALITIES))
+    if bad_mod:
+        raise ValueError(f"manifest for {root}: unknown modality values {bad_mod}; allowed {MODALITIES}")
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        df = df.assign(sha256=list(pool.map(lambda rel: sha256_file(root / rel), df["path"])))
+    for col in MANIFEST.names:
+        if col not in df.columns:
+            df[col] = None
+    df["age"] = df["age"].astype("float64")
+    for col in label_columns:
+        df[col] = df[col].astype("string")
+    return df[MANIFEST.names + label_columns].sort_values("image_id", kind="stable").reset_index(drop=True)

@@ -1,0 +1,1 @@
+"""Frozen-feature extraction from the image cache."""

@@ -1,0 +1,1 @@
+"""Figures (matplotlib, PNG + PDF); colours by pretraining domain, used consistently."""

@@ -1,0 +1,1 @@
+"""Metrics computed from the predictions schema with scikit-learn."""

@@ -1,0 +1,1 @@
+"""Protocols: every one writes the predictions schema (see retinabench.schemas.PREDICTIONS)."""

@@ -1,0 +1,81 @@
+"""Linear probe on cached features: one torch linear layer, AdamW, warm-up + cosine, best validation loss.
+
+Features are standardised with training-set statistics (an affine map, so the probe stays linear) to make one
+learning rate work across encoders whose embedding scales differ by orders of magnitude.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from retinabench.protocols.common import class_weights, make_scheduler
+
+
+@dataclass
+class LinearConfig:
+    epochs: int = 100
+    steps_per_epoch: int = 25
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    warmup_frac: float = 0.1
+
+
+def train_linear_probe(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, weighted: bool,
+                       cfg: LinearConfig) -> tuple[nn.Module, list[dict]]:
+    """Train on (train_x, train_y); return the head (with standardisation folded in) of the best val epoch."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    xt = torch.as_tensor(train_x, dtype=torch.float32)
+    mean, std = xt.mean(0), xt.std(0).clamp_min(1e-6)
+    xt = (xt - mean) / std
+    yt = torch.as_tensor(train_y, dtype=torch.long)
+    xv = (torch.as_tensor(val_x, dtype=torch.float32) - mean) / std
+    yv = torch.as_tensor(val_y, dtype=torch.long)
+    head = nn.Linear(xt.shape[1], n_classes)
+    weight = torch.as_tensor(class_weights(train_y, n_classes), dtype=torch.float32) if weighted else None
+    loss_fn = nn.CrossEntropyLoss(weight=weight)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = cfg.epochs * cfg.steps_per_epoch
+    sched = make_scheduler(opt, total, cfg.warmup_frac)
+    best_loss, best_state, log = float("inf"), None, []
+    perm, pos, step = torch.randperm(len(xt), generator=gen), 0, 0
+    for epoch in range(cfg.epochs):
+        head.train()
+        running = 0.0
+        for _ in range(cfg.steps_per_epoch):
+            if pos + cfg.batch_size > len(perm):  # reshuffle when an epoch over the data is used up
+                perm, pos = torch.randperm(len(xt), generator=gen), 0
+            idx = perm[pos:pos + cfg.batch_size]
+            pos += cfg.batch_size
+            loss = loss_fn(head(xt[idx]), yt[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            running += loss.item()
+        head.eval()
+        with torch.no_grad():
+            val_loss = loss_fn(head(xv), yv).item()
+        improved = val_loss < best_loss
+        if improved:
+            best_loss, best_state = val_loss, copy.deepcopy(head.state_dict())
+        log.append({"epoch": epoch, "step": step, "lr": sched.get_last_lr()[0],
+                    "train_loss": running / cfg.steps_per_epoch, "val_loss": val_loss, "best": improved})
+    head.load_state_dict(best_state)
+    # Fold standardisation into the layer: W' = W / std, b' = b - W' @ mean.
+    folded = nn.Linear(xt.shape[1], n_classes)
+    with torch.no_grad():
+        folded.weight.copy_(head.weight / std)
+        folded.bias.copy_(head.bias - folded.weight @ mean)
+    return folded.eval(), log
+
+
+def linear_predict_proba(head: nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return torch.softmax(head(torch.as_tensor(x, dtype=torch.float32)), dim=1).double().numpy()

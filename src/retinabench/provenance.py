@@ -1,0 +1,156 @@
+"""Provenance sidecars: every artifact ``X`` gets ``X.prov.json`` saying how it was made.
+
+A sidecar records the rule, its wildcards, each input file with its sha256, the config subset the job saw,
+the code commit (+ dirty flag), package versions, seed, time and host. Inputs that have sidecars of their own
+make the records a chain, which :func:`provenance_chain` walks from a figure back to raw images and weights.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from retinabench.hashing import sha256_file
+
+SIDECAR_SUFFIX = ".prov.json"
+_PACKAGES = ("retinabench", "torch", "torchvision", "timm", "numpy", "pandas", "pyarrow", "scikit-learn",
+             "scipy", "scikit-posthocs", "matplotlib", "snakemake", "open_clip_torch", "transformers")
+
+
+def sidecar_path(artifact: str | os.PathLike) -> Path:
+    return Path(str(artifact) + SIDECAR_SUFFIX)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def code_state(start: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Commit of the checkout holding the package (or ``start``) and whether tracked files differ from it."""
+    where = Path(start) if start else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
+                                timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None, "why": commit.stderr.strip() or "not a git checkout"}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"commit": None, "dirty": None, "why": f"git unavailable: {err}"}
+
+
+def describe_inputs(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    out = []
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            raise FileNotFoundError(f"provenance: input {p} does not exist or is not a file")
+        out.append({"path": str(p), "sha256": sha256_file(p), "sidecar": sidecar_path(p).is_file()})
+    return out
+
+
+def write_sidecar(artifact: str | os.PathLike, *, rule: str, inputs: Iterable[str | os.PathLike] = (),
+                  wildcards: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                  seed: int | list[int] | None = None, extra: dict[str, Any] | None = None) -> Path:
+    artifact = Path(artifact)
+    record = {
+        "artifact": str(artifact),
+        "sha256": sha256_file(artifact),
+        "rule": rule,
+        "wildcards": dict(wildcards or {}),
+        "inputs": describe_inputs(inputs),
+        "config": config or {},
+        "seed": seed,
+        "code": code_state(),
+        "packages": package_versions(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "argv": sys.argv[:1],
+        "extra": extra or {},
+    }
+    path = sidecar_path(artifact)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
+    tmp.replace(path)
+    return path
+
+
+def read_sidecar(artifact: str | os.PathLike) -> dict[str, Any]:
+    path = sidecar_path(artifact)
+    if not path.is_file():
+        raise FileNotFoundError(f"no provenance sidecar for {artifact} (expected {path})")
+    return json.loads(path.read_text())
+
+
+def provenance_chain(artifact: str | os.PathLike, *, verify: bool = True) -> list[dict[str, Any]]:
+    """Flatten the chain of sidecars reachable from ``artifact`` (depth-first, each artifact once).
+
+    Each node: ``{"path", "depth", "record" | None, "stale": bool}``; ``stale`` is set when an input's current
+    sha256 differs from the one its consumer recorded (the file changed after it was used).
+    """
+    nodes: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def visit(path: Path, depth: int, expected_sha: str | None) -> None:
+        key = str(path)
+        stale = False
+        if verify and expected_sha is not None and path.is_file():
+            stale = sha256_file(path) != expected_sha
+        if key in seen:
+            return
+        seen.add(key)
+        record = read_sidecar(path) if sidecar_path(path).is_file() else None
+        nodes.append({"path": key, "depth": depth, "record": record, "stale": stale,
+                      "missing": not path.exists()})
+        if record:
+            for inp in record.get("inputs", []):
+                visit(Path(inp["path"]), depth + 1, inp.get("sha256"))
+
+    visit(Path(artifact), 0, None)
+    return nodes
+
+
+def format_chain(artifact: str | os.PathLike) -> str:
+    lines = []
+    leaves_raw: list[str] = []
+    leaves_weights: list[str] = []
+    for node in provenance_chain(artifact):
+        rec = node["record"]
+        pad = "  " * node["depth"]
+        flag = " [CHANGED since used]" if node["stale"] else (" [MISSING]" if node["missing"] else "")
+        if rec is None:
+            lines.append(f"{pad}{node['path']}{flag}  (no sidecar: source file)")
+            continue
+        code = rec.get("code", {})
+        commit = (code.get("commit") or "no-commit")[:12] + ("+dirty" if code.get("dirty") else "")
+        wc = ",".join(f"{k}={v}" for k, v in rec.get("wildcards", {}).items())
+        lines.append(f"{pad}{node['path']}{flag}  <- rule {rec['rule']}"
+                     f"{'[' + wc + ']' if wc else ''}  sha256 {rec['sha256'][:12]}  code {commit}  {rec['created']}")
+        extra = rec.get("extra", {})
+        for raw in extra.get("raw_files", []):
+            leaves_raw.append(f"{raw['path']}  sha256 {raw.get('sha256', '?')[:12]}  {raw.get('note', '')}".rstrip())
+        if extra.get("weights"):
+            w = extra["weights"]
+            leaves_weights.append(f"{rec['wildcards'].get('encoder', '?')}: {w.get('file')}  sha256 "
+                                  f"{(w.get('sha256') or 'none (random init)')}  source {w.get('source')}")
+    if leaves_raw:
+        lines.append("raw data:")
+        lines.extend("  " + r for r in dict.fromkeys(leaves_raw))
+    if leaves_weights:
+        lines.append("weights:")
+        lines.extend("  " + w for w in dict.fromkeys(leaves_weights))
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""Registries are data: datasets, tasks and encoders are YAML entries validated on load.
+
+Code exists per *kind* (one adapter per raw layout, one loader per source library), never per entry.
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+REGISTRY_KINDS = ("datasets", "tasks", "encoders")
+
+
+class RegistryError(ValueError):
+    pass
+
+
+@lru_cache(maxsize=None)
+def _schema(kind: str) -> dict:
+    text = resources.files("retinabench").joinpath("schemas_json", f"{kind}.schema.json").read_text()
+    return json.loads(text)
+
+
+def load_registry(path: str | os.PathLike, kind: str) -> dict[str, dict[str, Any]]:
+    """Load and validate one registry file: a mapping ``name -> entry``; each entry gets its ``name``."""
+    if kind not in REGISTRY_KINDS:
+        raise RegistryError(f"unknown registry kind {kind!r}; expected one of {REGISTRY_KINDS}")
+    path = Path(path)
+    if not path.is_file():
+        raise RegistryError(f"{kind} registry {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise RegistryError(f"{path}: a {kind} registry must be a mapping of name -> entry")
+    validator = jsonschema.Draft202012Validator(_schema(kind))
+    out = {}
+    for name, entry in data.items():
+        errors = sorted(validator.iter_errors(entry or {}), key=lambda e: list(e.path))
+        if errors:
+            err = errors[0]
+            loc = "/".join(str(p) for p in err.path) or "(entry)"
+            raise RegistryError(f"{path}: {kind} entry {name!r}, key {loc}: {err.message}")
+        out[str(name)] = {"name": str(name), **entry}
+    if kind == "tasks":
+        for name, task in out.items():
+            if len(set(task["classes"])) != len(task["classes"]):
+                raise RegistryError(f"{path}: task {name!r} lists a class twice: {task['classes']}")
+    return out
+
+
+def check_cross_references(datasets: dict, tasks: dict, encoders: dict | None = None) -> None:
+    for name, task in tasks.items():
+        if task["dataset"] not in datasets:
+            raise RegistryError(f"task {name!r} refers to unknown dataset {task['dataset']!r}")
+    for name, enc in (encoders or {}).items():
+        for ds in enc.get("exposure", []):
+            if ds not in datasets:
+                # Exposure may name datasets this registry has no adapter for (e.g. EyePACS); that is allowed,
+                # but a typo of a registered one is not.
+                close = [d for d in datasets if d.lower() == str(ds).lower() and d != ds]
+                if close:
+                    raise RegistryError(f"encoder {name!r} exposure {ds!r}: did you mean {close[0]!r}?")
+
+
+class Registries:
+    """The three registries of one configuration, with the names a run selects."""
+
+    def __init__(self, datasets_path, tasks_path, encoders_path):
+        self.datasets = load_registry(datasets_path, "datasets")
+        self.tasks = load_registry(tasks_path, "tasks")
+        self.encoders = load_registry(encoders_path, "encoders")
+        check_cross_references(self.datasets, self.tasks, self.encoders)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Registries":
+        reg = config["registries"]
+        return cls(reg["datasets"], reg["tasks"], reg["encoders"])
+
+    def task(self, name: str) -> dict:
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise RegistryError(f"unknown task {name!r}; known: {sorted(self.tasks)}") from None
+
+    def encoder(self, name: str) -> dict:
+        try:
+            return self.encoders[name]
+        except KeyError:
+            raise RegistryError(f"unknown encoder {name!r}; known: {sorted(self.encoders)}") from None
+
+    def dataset(self, name: str) -> dict:
+        try:
+            return self.datasets[name]
+        except KeyError:
+            raise RegistryError(f"unknown dataset {name!r}; known: {sorted(self.datasets)}") from None

@@ -1,0 +1,103 @@
+"""One Parquet schema per artifact kind; writers validate against it so a malformed table never lands."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MODALITIES = ("cfp", "oct", "slo", "uwf")
+SPLITS = ("train", "val", "test")
+REGIMES = ("u-u", "u-b", "b-b", "b-u")
+
+# Fixed columns; label columns (one per task label the dataset supports) are appended as nullable strings.
+MANIFEST = pa.schema([
+    ("image_id", pa.string()), ("path", pa.string()), ("dataset", pa.string()), ("modality", pa.string()),
+    ("patient_id", pa.string()), ("eye", pa.string()), ("age", pa.float64()), ("sex", pa.string()),
+    ("quality", pa.string()), ("site", pa.string()), ("sha256", pa.string()),
+])
+EXCLUSIONS = pa.schema([
+    ("dataset", pa.string()), ("source", pa.string()), ("image_id", pa.string()), ("scope", pa.string()),
+    ("reason", pa.string()),
+])
+SPLIT = pa.schema([
+    ("image_id", pa.string()), ("patient_id", pa.string()), ("dataset", pa.string()), ("task", pa.string()),
+    ("label", pa.string()), ("y", pa.int64()), ("split", pa.string()), ("balanced", pa.bool_()),
+])
+IMAGE_INDEX = pa.schema([("image_id", pa.string()), ("row", pa.int64())])
+# Predictions: + one float64 column p_<class> per class, in the task's class order; protocols may add extras.
+PREDICTIONS = pa.schema([
+    ("image_id", pa.string()), ("dataset", pa.string()), ("task", pa.string()), ("encoder", pa.string()),
+    ("protocol", pa.string()), ("seed", pa.int64()), ("regime", pa.string()), ("split", pa.string()),
+    ("y_true", pa.int64()), ("y_pred", pa.int64()),
+])
+METRICS = pa.schema([
+    ("dataset", pa.string()), ("task", pa.string()), ("encoder", pa.string()), ("protocol", pa.string()),
+    ("seed", pa.int64()), ("regime", pa.string()), ("split", pa.string()), ("metric", pa.string()),
+    ("value", pa.float64()), ("n", pa.int64()),
+])
+TRAINING_LOG = pa.schema([
+    ("encoder", pa.string()), ("task", pa.string()), ("protocol", pa.string()), ("seed", pa.int64()),
+    ("train_regime", pa.string()), ("epoch", pa.int64()), ("step", pa.int64()), ("lr", pa.float64()),
+    ("train_loss", pa.float64()), ("val_loss", pa.float64()), ("best", pa.bool_()),
+])
+
+KINDS = {"manifest": MANIFEST, "exclusions": EXCLUSIONS, "split": SPLIT, "image_index": IMAGE_INDEX,
+         "predictions": PREDICTIONS, "metrics": METRICS, "training_log": TRAINING_LOG}
+# Kinds whose tables may carry columns beyond the fixed ones, and the type those extras must have.
+_OPEN_KINDS = {"manifest": pa.string(), "predictions": None}
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def conform(df: pd.DataFrame, kind: str, *, where: str = "") -> pa.Table:
+    """Arrow table of ``df`` in the fixed column order/types of ``kind``; extra columns only where allowed."""
+    schema = KINDS[kind]
+    missing = [f.name for f in schema if f.name not in df.columns]
+    if missing:
+        raise SchemaError(f"{kind} table {where}: missing columns {missing}")
+    extra = [c for c in df.columns if c not in schema.names]
+    if extra and kind not in _OPEN_KINDS:
+        raise SchemaError(f"{kind} table {where}: unexpected columns {extra}")
+    fields = list(schema)
+    for col in extra:
+        typ = _OPEN_KINDS[kind]
+        if typ is None:  # predictions: probabilities are float, protocol extras keep their own type
+            typ = pa.float64() if col.startswith("p_") else pa.Array.from_pandas(df[col]).type
+        fields.append(pa.field(col, typ))
+    target = pa.schema(fields)
+    try:
+        return pa.Table.from_pandas(df[[f.name for f in fields]], schema=target, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise SchemaError(f"{kind} table {where}: {err}") from err
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike, kind: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = conform(df, kind, where=str(path))
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)  # atomic: a killed job never leaves a half-written artifact under the final name
+    return path
+
+
+def read_table(path: str | os.PathLike, kind: str | None = None, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{kind or 'table'} {path} does not exist")
+    df = pq.read_table(path, columns=list(columns) if columns else None).to_pandas()
+    if kind is not None and columns is None:
+        missing = [n for n in KINDS[kind].names if n not in df.columns]
+        if missing:
+            raise SchemaError(f"{path}: not a {kind} table, missing columns {missing}")
+    return df
+
+
+def probability_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c.startswith("p_")]

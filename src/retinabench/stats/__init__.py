@@ -1,0 +1,1 @@
+"""Statistics over the tidy metrics table: ranks, hypothesis tests, bootstrap."""

@@ -1,0 +1,46 @@
+# Analysis stage: one tidy metrics table, encoder ranks, figures.
+
+
+rule collect_metrics:
+    input:
+        metrics=frozen_outputs("metrics"),
+    output:
+        metrics=f"{R}/metrics.parquet",
+        csv=f"{R}/metrics.csv",
+    params:
+        stage="collect_metrics",
+    log:
+        f"{R}/logs/collect_metrics.log",
+    script:
+        STAGE
+
+
+rule ranks:
+    input:
+        metrics=f"{R}/metrics.parquet",
+    output:
+        ranks=f"{R}/analysis/ranks.parquet",
+        summary=f"{R}/analysis/rank_summary.csv",
+    params:
+        stage="ranks",
+        ranking=config["ranking"],
+    log:
+        f"{R}/logs/ranks.log",
+    script:
+        STAGE
+
+
+rule figure_rank_distribution:
+    input:
+        ranks=f"{R}/analysis/ranks.parquet",
+    output:
+        png=f"{R}/figures/rank_distribution.png",
+        pdf=f"{R}/figures/rank_distribution.pdf",
+    params:
+        stage="figure_rank_distribution",
+        ranking=config["ranking"],
+        encoders=lambda wc: {e: REG.encoder(e) for e in PLAN.encoders},
+    log:
+        f"{R}/logs/figures/rank_distribution.log",
+    script:
+        STAGE

@@ -1,0 +1,49 @@
+# Shared helpers: what the config selects, output paths, resources by encoder size class.
+import os
+
+from retinabench.workflow_plan import plan
+
+PLAN = plan(config)
+REG = PLAN.registries
+R = PLAN.results
+STAGE = "../scripts/stage.py"
+CACHE_TAG = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
+
+
+wildcard_constraints:
+    dataset="[A-Za-z0-9_.+-]+",
+    task="[A-Za-z0-9_.+-]+",
+    encoder="[A-Za-z0-9_.+-]+",
+
+
+# Per encoder size class: memory (MB), runtime (min) for feature extraction, and whether a GPU is requested.
+SIZE_RESOURCES = {
+    "tiny": {"mem_mb": 4000, "runtime": 30},
+    "small": {"mem_mb": 8000, "runtime": 30},
+    "base": {"mem_mb": 16000, "runtime": 60},
+    "large": {"mem_mb": 32000, "runtime": 120},
+    "huge": {"mem_mb": 64000, "runtime": 240},
+}
+
+
+def encoder_resource(key):
+    return lambda wc: SIZE_RESOURCES[REG.encoder(wc.encoder)["size_class"]][key]
+
+
+def task_dataset(wc):
+    return REG.task(wc.task)["dataset"]
+
+
+def cache_files(dataset):
+    return {"array": f"{R}/data/{dataset}/images_{CACHE_TAG}.npy",
+            "index": f"{R}/data/{dataset}/images_{CACHE_TAG}.index.parquet"}
+
+
+def frozen_outputs(kind):
+    return [f"{R}/{kind}/frozen/{e}/{t}.parquet" for e in PLAN.encoders for t in PLAN.tasks]
+
+
+def all_targets():
+    targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
+    targets += [f"{R}/data/{d}/exclusions.parquet" for d in PLAN.datasets]
+    return targets

@@ -1,0 +1,66 @@
+# Data stage: raw layout -> manifest + exclusions -> patient-disjoint splits; image cache.
+
+
+rule phantom:
+    output:
+        metadata=os.path.join(PLAN.data_root, REG.dataset("phantom")["root"], "metadata.csv"),
+    params:
+        stage="phantom",
+        phantom=config.get("phantom", {"n_patients": 80, "seed": 0, "image_size": 256}),
+    log:
+        f"{R}/logs/phantom.log",
+    script:
+        STAGE
+
+
+rule manifest:
+    input:
+        index=lambda wc: [os.path.join(PLAN.dataset_root(wc.dataset), f)
+                          for f in REG.dataset(wc.dataset)["index_files"]],
+    output:
+        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
+        exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
+    params:
+        stage="manifest",
+        dataset=lambda wc: REG.dataset(wc.dataset),
+        root=lambda wc: PLAN.dataset_root(wc.dataset),
+    threads: 2
+    log:
+        f"{R}/logs/manifest/{{dataset}}.log",
+    script:
+        STAGE
+
+
+rule split:
+    input:
+        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
+        exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
+    output:
+        split=f"{R}/splits/{{dataset}}/{{task}}.parquet",
+    params:
+        stage="split",
+        task=lambda wc: REG.task(wc.task),
+        split=config["split"],
+    log:
+        f"{R}/logs/split/{{dataset}}/{{task}}.log",
+    script:
+        STAGE
+
+
+rule image_cache:
+    input:
+        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
+    output:
+        array=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.npy",
+        index=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.index.parquet",
+    params:
+        stage="image_cache",
+        image_cache=config["image_cache"],
+        root=lambda wc: PLAN.dataset_root(wc.dataset),
+    threads: 2
+    resources:
+        mem_mb=2000,
+    log:
+        f"{R}/logs/image_cache/{{dataset}}.log",
+    script:
+        STAGE

@@ -1,0 +1,16 @@
+"""Snakemake `script:` entry: turn the rule's job into a plain Job and call the package stage (params.stage)."""
+import contextlib
+import traceback
+
+from retinabench.stages import Job, run_stage
+
+sm = snakemake  # noqa: F821 - injected by Snakemake
+job = Job(rule=sm.rule, input=dict(sm.input.items()), output=dict(sm.output.items()),
+          params={k: v for k, v in sm.params.items() if k != "stage"}, wildcards=dict(sm.wildcards.items()),
+          threads=sm.threads)
+with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    try:
+        run_stage(sm.params.stage, job)
+    except BaseException:
+        traceback.print_exc(file=log)
+        raise
