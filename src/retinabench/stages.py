@@ -166,6 +166,17 @@ STAGES: dict[str, Callable[[Job], None]] = {
 }
 
 
+def _register_analysis_stages() -> None:
+    from retinabench.stages_analysis import ANALYSIS_STAGES
+    clash = sorted(set(ANALYSIS_STAGES) & set(STAGES))
+    if clash:
+        raise RuntimeError(f"analysis stages {clash} shadow pipeline stages")
+    STAGES.update(ANALYSIS_STAGES)
+
+
+_register_analysis_stages()
+
+
 def run_stage(name: str, job: Job) -> None:
     try:
         fn = STAGES[name]

@@ -1,5 +1,6 @@
 # Shared helpers: what the config selects, output paths, resources by encoder size class.
 import os
+import re
 
 from retinabench.workflow_plan import plan
 
@@ -7,6 +8,7 @@ PLAN = plan(config)
 REG = PLAN.registries
 R = PLAN.results
 STAGE = "../scripts/stage.py"
+PHANTOM_DEFAULTS = {"n_patients": 80, "seed": 0, "image_size": 256}
 CACHE_TAG = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
 
 
@@ -46,4 +48,4 @@ def frozen_outputs(kind):
 def all_targets():
     targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
     targets += [f"{R}/data/{d}/exclusions.parquet" for d in PLAN.datasets]
-    return targets
+    return targets + analysis_targets()  # analysis_targets() is defined in analysis.smk

@@ -1,14 +1,21 @@
 # Data stage: raw layout -> manifest + exclusions -> patient-disjoint splits; image cache.
 
 
+GENERATED_ROOTS = {d["root"]: name for name, d in REG.datasets.items() if d.get("generated")}
+
+
 rule phantom:
     output:
-        metadata=os.path.join(PLAN.data_root, REG.dataset("phantom")["root"], "metadata.csv"),
+        metadata=os.path.join(PLAN.data_root, "{generated_root}", "metadata.csv"),
     params:
         stage="phantom",
-        phantom=config.get("phantom", {"n_patients": 80, "seed": 0, "image_size": 256}),
+        # The config's phantom settings, overridden per dataset by its registry `options`.
+        phantom=lambda wc: {**PHANTOM_DEFAULTS, **config.get("phantom", {}),
+                            **REG.dataset(GENERATED_ROOTS[wc.generated_root]).get("options", {})},
+    wildcard_constraints:
+        generated_root="|".join(map(re.escape, GENERATED_ROOTS)) or "(?!)",
     log:
-        f"{R}/logs/phantom.log",
+        f"{R}/logs/phantom/{{generated_root}}.log",
     script:
         STAGE
 

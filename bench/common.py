@@ -1,0 +1,48 @@
+"""Shared set-up for the benchmarks: a temporary image cache and the packaged EfficientNet-Lite0 encoder."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from retinabench.models import build_encoder
+from retinabench.schemas import write_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def encoder(name: str = "efficientnet_lite0_in1k"):
+    entries = yaml.safe_load((REPO / "config/encoders.yaml").read_text())
+    return build_encoder({"name": name, **entries[name]})
+
+
+def make_cache(workdir: Path, n: int, size: int = 224, seed: int = 0) -> tuple[Path, Path]:
+    """A uint8 image cache of ``n`` random images (throughput does not depend on pixel content)."""
+    rng = np.random.default_rng(seed)
+    arr = workdir / "images.npy"
+    store = np.lib.format.open_memmap(arr, mode="w+", dtype=np.uint8, shape=(n, size, size, 3))
+    for start in range(0, n, 256):
+        store[start:start + 256] = rng.integers(0, 256, size=(min(256, n - start), size, size, 3), dtype=np.uint8)
+    store.flush()
+    index = workdir / "images.index.parquet"
+    write_table(pd.DataFrame({"image_id": [f"img{i:06d}" for i in range(n)], "row": np.arange(n)}), index,
+                "image_index")
+    return arr, index
+
+
+def timed(fn, repeat: int = 1) -> float:
+    """Best wall time of ``repeat`` calls (seconds)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def set_threads(n: int = 2) -> None:
+    torch.set_num_threads(n)
