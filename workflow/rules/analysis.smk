@@ -1,6 +1,11 @@
 # Analysis stage: one tidy metrics table, encoder ranks, figures.
 
 
+def analysis_targets():
+    """Analysis outputs requested by `all` (only those whose inputs this config produces)."""
+    return []
+
+
 rule collect_metrics:
     input:
         metrics=frozen_outputs("metrics"),
