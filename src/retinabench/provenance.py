@@ -142,7 +142,8 @@ def format_chain(artifact: str | os.PathLike) -> str:
                      f"{'[' + wc + ']' if wc else ''}  sha256 {rec['sha256'][:12]}  code {commit}  {rec['created']}")
         extra = rec.get("extra", {})
         for raw in extra.get("raw_files", []):
-            leaves_raw.append(f"{raw['path']}  sha256 {raw.get('sha256', '?')[:12]}  {raw.get('note', '')}".rstrip())
+            sha = f"sha256 {raw['sha256'][:12]}  " if raw.get("sha256") else ""
+            leaves_raw.append(f"{raw['path']}  {sha}{raw.get('note', '')}".rstrip())
         if extra.get("weights"):
             w = extra["weights"]
             leaves_weights.append(f"{rec['wildcards'].get('encoder', '?')}: {w.get('file')}  sha256 "

@@ -59,7 +59,8 @@ def stage_manifest(job: Job) -> None:
     summary = {"n_images": int(len(manifest)), "n_patients": int(manifest["patient_id"].nunique()),
                "by_modality": manifest["modality"].value_counts().to_dict(),
                "exclusions": by_reason.to_dict("records") if len(exclusions) else []}
-    raw = [{"path": str(Path(f)), "sha256": None, "note": "index file"} for f in job.inputs_flat()]
+    from retinabench.hashing import sha256_file
+    raw = [{"path": str(Path(f)), "sha256": sha256_file(f), "note": "index file"} for f in job.inputs_flat()]
     raw.append({"path": str(root), "note": f"{len(manifest)} images; per-file sha256 in the manifest's sha256 column"})
     _sidecars(job, [job.output["manifest"], job.output["exclusions"]], config={"dataset": entry, "root": str(root)},
               extra={"summary": summary, "raw_files": raw})
