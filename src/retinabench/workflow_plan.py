@@ -1,7 +1,9 @@
 """What a config selects (datasets, tasks, encoders) and where outputs go; shared by the Snakefile and the CLI."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from retinabench.registry import Registries, RegistryError
@@ -43,3 +45,19 @@ def plan(config: dict) -> Plan:
     datasets = [d for d in wanted_datasets if any(reg.task(t)["dataset"] == d for t in tasks)]
     return Plan(results=str(config.get("results", "results")), data_root=str(config["data_root"]),
                 registries=reg, datasets=datasets, tasks=tasks, encoders=encoders)
+
+
+@lru_cache(maxsize=None)
+def package_code_hash(*parts: str) -> str:
+    """Short sha256 over the source files of package parts (``"protocols"``, ``"data/splits.py"``, ...)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for part in parts:
+        target = root / part
+        if not target.exists():
+            raise FileNotFoundError(f"package_code_hash: {target} does not exist")
+        files = sorted(target.rglob("*.py")) if target.is_dir() else [target]
+        for f in files:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]

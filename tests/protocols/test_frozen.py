@@ -84,3 +84,14 @@ def test_run_frozen_writes_every_protocol_seed_regime():
     for protocol in ("knn", "linear", "logreg"):
         acc = preds.query("protocol == @protocol and split == 'test' and regime == 'u-u'")
         assert (acc["y_true"] == acc["y_pred"]).mean() > 0.75
+
+
+def test_feature_constant_on_train_does_not_blow_up_validation():
+    """A dead-ReLU-like feature (0 on every training image, large elsewhere) must not dominate the probe."""
+    x, y = blobs(n=300)
+    x = np.c_[x, np.zeros(len(x), dtype=np.float32)]
+    x[200:, -1] = 50.0 * np.random.default_rng(1).random(100)
+    cfg = LinearConfig(epochs=20, steps_per_epoch=10, lr=1e-2)
+    head, log = train_linear_probe(x[:200], y[:200], x[200:], y[200:], 2, seed=0, weighted=True, cfg=cfg)
+    assert min(r["val_loss"] for r in log) < 0.5
+    assert (head(torch.from_numpy(x[200:])).argmax(1).numpy() == y[200:]).mean() > 0.8

@@ -28,6 +28,7 @@ rule ranks:
         summary=f"{R}/analysis/rank_summary.csv",
     params:
         stage="ranks",
+        code=code_hash("stats"),
         ranking=config["ranking"],
     log:
         f"{R}/logs/ranks.log",
@@ -43,6 +44,7 @@ rule figure_rank_distribution:
         pdf=f"{R}/figures/rank_distribution.pdf",
     params:
         stage="figure_rank_distribution",
+        code=code_hash("figures"),
         ranking=config["ranking"],
         encoders=lambda wc: {e: REG.encoder(e) for e in PLAN.encoders},
     log:

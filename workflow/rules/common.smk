@@ -2,7 +2,7 @@
 import os
 import re
 
-from retinabench.workflow_plan import plan
+from retinabench.workflow_plan import package_code_hash, plan
 
 PLAN = plan(config)
 REG = PLAN.registries
@@ -26,6 +26,11 @@ SIZE_RESOURCES = {
     "large": {"mem_mb": 32000, "runtime": 120},
     "huge": {"mem_mb": 64000, "runtime": 240},
 }
+
+
+def code_hash(*parts):
+    """sha256 of the package sources a rule depends on (a param: editing them reruns exactly those jobs)."""
+    return package_code_hash(*parts)
 
 
 def encoder_resource(key):

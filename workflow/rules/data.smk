@@ -9,6 +9,7 @@ rule phantom:
         metadata=os.path.join(PLAN.data_root, "{generated_root}", "metadata.csv"),
     params:
         stage="phantom",
+        code=code_hash("data/phantom.py"),
         # The config's phantom settings, overridden per dataset by its registry `options`.
         phantom=lambda wc: {**PHANTOM_DEFAULTS, **config.get("phantom", {}),
                             **REG.dataset(GENERATED_ROOTS[wc.generated_root]).get("options", {})},
@@ -29,6 +30,7 @@ rule manifest:
         exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
     params:
         stage="manifest",
+        code=code_hash("data/adapters"),
         dataset=lambda wc: REG.dataset(wc.dataset),
         root=lambda wc: PLAN.dataset_root(wc.dataset),
     threads: 2
@@ -46,6 +48,7 @@ rule split:
         split=f"{R}/splits/{{dataset}}/{{task}}.parquet",
     params:
         stage="split",
+        code=code_hash("data/splits.py"),
         task=lambda wc: REG.task(wc.task),
         split=config["split"],
     log:
@@ -62,6 +65,7 @@ rule image_cache:
         index=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.index.parquet",
     params:
         stage="image_cache",
+        code=code_hash("data/image_cache.py"),
         image_cache=config["image_cache"],
         root=lambda wc: PLAN.dataset_root(wc.dataset),
     threads: 2

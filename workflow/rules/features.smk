@@ -9,6 +9,7 @@ rule features:
         features=f"{R}/features/{{encoder}}/{{dataset}}.parquet",
     params:
         stage="features",
+        code=code_hash("models", "features"),
         encoder=lambda wc: REG.encoder(wc.encoder),
         features=config["features"],
     threads: 2

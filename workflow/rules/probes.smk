@@ -12,6 +12,7 @@ rule frozen:
         metrics=f"{R}/metrics/frozen/{{encoder}}/{{task}}.parquet",
     params:
         stage="frozen",
+        code=code_hash("protocols", "metrics"),
         task=lambda wc: REG.task(wc.task),
         protocols={"names": config["protocols"], "seeds": config["seeds"], "regimes": config["regimes"],
                    "knn": config["knn"], "linear": config["linear"], "logreg": config["logreg"]},

@@ -31,12 +31,19 @@ def train_linear_probe(train_x, train_y, val_x, val_y, n_classes: int, *, seed: 
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     xt = torch.as_tensor(train_x, dtype=torch.float32)
-    mean, std = xt.mean(0), xt.std(0).clamp_min(1e-6)
+    # Variance floored at 1 % of the mean feature variance: a feature that is (nearly) constant on the training
+    # images, e.g. a dead ReLU channel, must not be blown up by 1/std on validation or test images.
+    var = xt.var(0)
+    mean, std = xt.mean(0), (var + 0.01 * var.mean() + 1e-12).sqrt()
     xt = (xt - mean) / std
-    yt = torch.as_tensor(train_y, dtype=torch.long)
+    yt = torch.as_tensor(np.array(train_y), dtype=torch.long)
     xv = (torch.as_tensor(val_x, dtype=torch.float32) - mean) / std
-    yv = torch.as_tensor(val_y, dtype=torch.long)
+    yv = torch.as_tensor(np.array(val_y), dtype=torch.long)
     head = nn.Linear(xt.shape[1], n_classes)
+    # Zero init (the objective is convex, so nothing is lost): a feature that never varies on the training set
+    # then keeps weight 0 instead of a random one that would fire on unseen images.
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
     weight = torch.as_tensor(class_weights(train_y, n_classes), dtype=torch.float32) if weighted else None
     loss_fn = nn.CrossEntropyLoss(weight=weight)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
