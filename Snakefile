@@ -15,6 +15,8 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/features.smk"
 include: "workflow/rules/probes.smk"
+include: "workflow/rules/finetune.smk"
+include: "workflow/rules/reliability.smk"
 include: "workflow/rules/analysis.smk"
 
 

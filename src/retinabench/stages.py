@@ -167,15 +167,19 @@ STAGES: dict[str, Callable[[Job], None]] = {
 }
 
 
-def _register_analysis_stages() -> None:
+def _register_layer_stages() -> None:
+    """Stages of the analysis, fine-tuning and reliability layers live in their own modules."""
     from retinabench.stages_analysis import ANALYSIS_STAGES
-    clash = sorted(set(ANALYSIS_STAGES) & set(STAGES))
-    if clash:
-        raise RuntimeError(f"analysis stages {clash} shadow pipeline stages")
-    STAGES.update(ANALYSIS_STAGES)
+    from retinabench.stages_finetune import FINETUNE_STAGES
+    from retinabench.stages_reliability import RELIABILITY_STAGES
+    for layer in (ANALYSIS_STAGES, FINETUNE_STAGES, RELIABILITY_STAGES):
+        clash = sorted(set(layer) & set(STAGES))
+        if clash:
+            raise RuntimeError(f"stages {clash} are defined twice")
+        STAGES.update(layer)
 
 
-_register_analysis_stages()
+_register_layer_stages()
 
 
 def run_stage(name: str, job: Job) -> None:

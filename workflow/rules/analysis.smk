@@ -8,7 +8,7 @@ def analysis_targets():
 
 rule collect_metrics:
     input:
-        metrics=frozen_outputs("metrics"),
+        metrics=all_metrics_files(),
     output:
         metrics=f"{R}/metrics.parquet",
         csv=f"{R}/metrics.csv",

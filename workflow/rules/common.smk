@@ -50,7 +50,13 @@ def frozen_outputs(kind):
     return [f"{R}/{kind}/frozen/{e}/{t}.parquet" for e in PLAN.encoders for t in PLAN.tasks]
 
 
+def all_metrics_files():
+    """Per-job metrics tables of every protocol the config runs (collect_metrics concatenates them)."""
+    return frozen_outputs("metrics") + finetune_metrics_files()  # finetune_metrics_files(): finetune.smk
+
+
 def all_targets():
     targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
     targets += [f"{R}/data/{d}/exclusions.parquet" for d in PLAN.datasets]
-    return targets + analysis_targets()  # analysis_targets() is defined in analysis.smk
+    # analysis_targets(): analysis.smk; reliability_targets(): reliability.smk
+    return targets + analysis_targets() + reliability_targets()
