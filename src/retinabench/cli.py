@@ -13,8 +13,9 @@ DEFAULT_CONFIG = "config/config.yaml"
 
 
 def _load_config(paths: list[str]) -> dict:
+    """Like the Snakefile: config/config.yaml first, then each --configfile overriding its keys."""
     config: dict = {}
-    for p in paths or [DEFAULT_CONFIG]:
+    for p in [DEFAULT_CONFIG] + [p for p in (paths or []) if Path(p) != Path(DEFAULT_CONFIG)]:
         if not Path(p).is_file():
             raise SystemExit(f"config file {p} not found (run from the repository root or pass --configfile)")
         config.update(yaml.safe_load(Path(p).read_text()) or {})
@@ -35,8 +36,11 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 def cmd_provenance(args) -> int:
     from retinabench.provenance import format_chain, read_sidecar
+    if not Path(args.file).exists():
+        raise FileNotFoundError(f"{args.file} does not exist")
+    record = read_sidecar(args.file)  # the artifact asked about must have one; its inputs may be source files
     if args.json:
-        print(json.dumps(read_sidecar(args.file), indent=1))
+        print(json.dumps(record, indent=1))
     else:
         print(format_chain(args.file))
     return 0
