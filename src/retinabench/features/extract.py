@@ -28,7 +28,8 @@ def pick_device(requested: str = "auto") -> torch.device:
 
 def to_model_input(batch_u8: np.ndarray, encoder: Encoder, device: torch.device) -> torch.Tensor:
     """uint8 NHWC -> normalised float NCHW at the encoder's input size."""
-    x = torch.from_numpy(np.ascontiguousarray(batch_u8)).to(device, non_blocking=True)
+    # A copy: cache slices are read-only memory maps, which torch must not wrap.
+    x = torch.from_numpy(np.array(batch_u8, copy=True)).to(device, non_blocking=True)
     x = x.permute(0, 3, 1, 2).float().div_(255.0)
     if x.shape[-1] != encoder.input_size or x.shape[-2] != encoder.input_size:
         x = F.interpolate(x, size=(encoder.input_size, encoder.input_size), mode="bicubic", align_corners=False)
