@@ -1,6 +1,657 @@
-"""Stage entry points of the analysis layer (statistics, figures, tables); merged into retinabench.stages.STAGES."""
+"""Stage entry points of the analysis layer (statistics, figures, tables); merged into retinabench.stages.STAGES.
+
+The analysis is organised in *families*, one Snakemake job each (never one per task): ``ranks``, ``rank_figures``,
+``tables``, ``cd`` (Friedman / Nemenyi / critical-difference diagrams), ``protocol_heatmap``, ``agreement``
+(Spearman), ``distance`` (signed rank distances + Kruskal–Wallis), ``subsets``, ``leakage``, ``top_k``, ``ft_lp``,
+``fairness`` and ``sensitivity``. :func:`analysis_outputs` decides, from the configuration alone, which families
+this config can produce and their output paths; the Snakemake rules, the benchmark and the tests all use it.
+Each family is a plain function ``family_x(inputs, ctx, out)`` (DataFrames in, files out) wrapped by a stage
+``stage_x(job)`` that reads the job's inputs and writes a provenance sidecar for every output.
+"""
 from __future__ import annotations
 
-from typing import Callable
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
-ANALYSIS_STAGES: dict[str, Callable] = {}
+import pandas as pd
+
+from retinabench.provenance import write_sidecar
+
+# Defaults of the config's `analysis:` section (config/config.yaml documents the same values).
+ANALYSIS_DEFAULTS: dict[str, Any] = {
+    "alpha": 0.05,
+    "split": "test",
+    "alternative_metrics": ["balanced_accuracy", "auroc"],
+    "protocol": "linear",
+    "subsets": {"modality": ["cfp", "oct"], "family": ["dr_staging", "glaucoma"]},
+    "top_k": 8,
+    "finetune_protocol": "finetune",
+    "linear_protocol": "linear",
+    "subgroup_metrics": None,
+    "subgroup_pairs": {"age": ["<60", ">=60"], "sex": ["female", "male"]},
+    "lr_sweep_metrics": None,
+    "lr_reference": None,
+}
+ENCODER_FIELDS = ("domain", "method", "exposure", "params_m")
+TASK_FIELDS = ("dataset", "modality", "family")
+DATASET_FIELDS = ("web_exposure_risk",)
+UNBALANCED, BALANCED = "u-u", "b-b"
+
+
+def analysis_settings(config: dict) -> dict:
+    """The `analysis:` section merged over the defaults; unknown keys are an error."""
+    given = config.get("analysis") or {}
+    unknown = sorted(set(given) - set(ANALYSIS_DEFAULTS))
+    if unknown:
+        raise KeyError(f"analysis: unknown key(s) {unknown}; known: {sorted(ANALYSIS_DEFAULTS)}")
+    return {**copy.deepcopy(ANALYSIS_DEFAULTS), **copy.deepcopy(given)}
+
+
+def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:
+    out = {}
+    for f in fields:
+        if f not in entry:
+            if f in ("exposure",):
+                out[f] = []
+                continue
+            if f in ("params_m", "family"):
+                out[f] = None
+                continue
+            raise KeyError(f"{what}: registry entry lacks {f!r} (needed by the analysis)")
+        out[f] = entry[f]
+    return out
+
+
+@dataclass
+class AnalysisContext:
+    """What the analysis needs from the config and the registries (only registry fields the analysis reads)."""
+    encoders: dict[str, dict] = field(default_factory=dict)
+    tasks: dict[str, dict] = field(default_factory=dict)
+    datasets: dict[str, dict] = field(default_factory=dict)
+    protocols: list[str] = field(default_factory=list)      # ranked protocols: every encoder on every task
+    ft_protocols: list[str] = field(default_factory=list)   # fine-tuning protocols run (maybe on a subset)
+    ft_regimes: list[str] = field(default_factory=list)
+    lr_source: str | None = None                            # sweep table the sensitivity family reads
+    lr_encoders: int | None = None                          # encoders the sweep covers (None: all)
+    regimes: list[str] = field(default_factory=list)
+    ranking: dict = field(default_factory=dict)        # metric, regime
+    settings: dict = field(default_factory=lambda: copy.deepcopy(ANALYSIS_DEFAULTS))
+
+    @classmethod
+    def from_config(cls, config: dict, registries, *, encoders: list[str], tasks: list[str],
+                    datasets: list[str]) -> "AnalysisContext":
+        settings = analysis_settings(config)
+        protocols = list(config["protocols"])
+        # Fine-tuning (workflow/rules/finetune.smk) adds its protocols' rows to the same metrics table when
+        # `finetune.enabled`. They join the rank analyses only when they cover every encoder, task and regime
+        # (ranks are comparable across protocols only over the same encoders); the FT-LP gap needs no more than
+        # the encoders and tasks both protocols ran.
+        ft = config.get("finetune") or {}
+        ft_protocols = list(ft.get("protocols") or []) if ft.get("enabled") else []
+        ft_regimes = list(ft.get("regimes") or config["regimes"])
+
+        def covers(subset, full):
+            return subset is None or set(full) <= set(subset)
+
+        if ft_protocols and covers(ft.get("encoders"), encoders) and covers(ft.get("tasks"), tasks) \
+                and covers(ft.get("regimes"), config["regimes"]):
+            protocols += [p for p in ft_protocols if p not in protocols]
+        # The learning-rate sweep's per-encoder sensitivity table (finetune.smk, rule sweep_collect), unless the
+        # analysis names another table.
+        sweep = config.get("sweep") or {}
+        lr_source, lr_encoders = settings["lr_sweep_metrics"], None
+        if lr_source is None and ft_protocols and sweep.get("enabled", True) \
+                and config["ranking"]["regime"] in (sweep.get("regimes") or ["u-u"]):
+            lr_source, lr_encoders = "sweep/lr_sensitivity.parquet", len(ft.get("encoders") or encoders)
+        focus = settings["protocol"]
+        if focus is not None and focus not in protocols:
+            raise ValueError(f"analysis.protocol {focus!r} is not among the configured protocols {protocols}; "
+                             "set analysis.protocol to one of them (or null for the first)")
+        return cls(
+            encoders={e: _pick(registries.encoder(e), ENCODER_FIELDS, f"encoder {e!r}") for e in encoders},
+            tasks={t: _pick(registries.task(t), TASK_FIELDS, f"task {t!r}") for t in tasks},
+            datasets={d: _pick(registries.dataset(d), DATASET_FIELDS, f"dataset {d!r}") for d in datasets},
+            protocols=protocols, ft_protocols=ft_protocols, ft_regimes=ft_regimes, lr_source=lr_source,
+            lr_encoders=lr_encoders,
+            regimes=list(config["regimes"]), ranking=dict(config["ranking"]), settings=settings)
+
+    # --- derived settings ---
+    @property
+    def metric(self) -> str:
+        return self.ranking["metric"]
+
+    @property
+    def regime(self) -> str:
+        return self.ranking["regime"]
+
+    @property
+    def alpha(self) -> float:
+        return float(self.settings["alpha"])
+
+    @property
+    def split(self) -> str:
+        return self.settings["split"]
+
+    @property
+    def metrics(self) -> list[str]:
+        """Ranking metrics: the primary (ranking.metric) first, then the alternatives."""
+        return list(dict.fromkeys([self.metric, *self.settings["alternative_metrics"]]))
+
+    @property
+    def focus_protocol(self) -> str:
+        return self.settings["protocol"] or self.protocols[0]
+
+    # --- per-family parameters (only what each family reads, so a change reruns only its dependants) ---
+    def params_for(self, family: str) -> dict:
+        spec = FAMILIES[family]
+        out: dict[str, Any] = {}
+        if spec.encoder_fields:
+            out["encoders"] = {e: {f: m[f] for f in spec.encoder_fields} for e, m in self.encoders.items()}
+        if spec.task_fields:
+            out["tasks"] = {t: {f: m[f] for f in spec.task_fields} for t, m in self.tasks.items()}
+        if spec.datasets:
+            out["datasets"] = copy.deepcopy(self.datasets)
+        for key in spec.context:
+            out[key] = copy.deepcopy(getattr(self, key))
+        out["settings"] = {k: copy.deepcopy(self.settings[k]) for k in spec.settings}
+        return _canonical(out)
+
+    @classmethod
+    def from_params(cls, params: dict) -> "AnalysisContext":
+        ctx = cls()
+        for key in ("encoders", "tasks", "datasets", "protocols", "ft_protocols", "ft_regimes", "regimes",
+                    "ranking"):
+            if key in params:
+                setattr(ctx, key, copy.deepcopy(dict(params[key]) if isinstance(params[key], dict)
+                                                else list(params[key])))
+        ctx.settings = Settings(copy.deepcopy(dict(params.get("settings", {}))))
+        return ctx
+
+
+class Settings(dict):
+    """The analysis settings a job received; asking for one it was not given is a bug in FAMILIES."""
+
+    def __missing__(self, key):
+        raise KeyError(f"analysis setting {key!r} was not passed to this job (has {sorted(self)}); "
+                       "add it to the family's `settings` in retinabench.stages_analysis.FAMILIES")
+
+
+def _canonical(value):
+    """Dicts with sorted keys, recursively: a job's params must not change when a config file lists the same
+    settings in another key order (Snakemake compares params as written)."""
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+@dataclass
+class Family:
+    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep
+    encoder_fields: tuple[str, ...] = ()
+    task_fields: tuple[str, ...] = ()
+    datasets: bool = False
+    context: tuple[str, ...] = ()           # AnalysisContext attributes: protocols, regimes, ranking
+    settings: tuple[str, ...] = ()
+
+
+FAMILIES: dict[str, Family] = {
+    "ranks": Family(("metrics",), context=("ranking",), settings=("alternative_metrics", "split")),
+    "rank_figures": Family(("ranks",), ("domain",), context=("ranking", "protocols"),
+                           settings=("alternative_metrics",)),
+    "tables": Family(("metrics", "ranks"), context=("ranking",), settings=("alternative_metrics", "split")),
+    "cd": Family(("ranks",), ("domain",), context=("ranking", "protocols"),
+                 settings=("alternative_metrics", "alpha")),
+    "protocol_heatmap": Family(("ranks",), ("domain",), context=("ranking", "protocols", "regimes")),
+    "agreement": Family(("ranks",), context=("ranking", "protocols", "regimes"), settings=("alpha",)),
+    "distance": Family(("ranks",), ("domain", "method"), ("modality", "family"),
+                       context=("ranking", "protocols"), settings=("alpha", "protocol", "subsets")),
+    "subsets": Family(("ranks",), ("domain",), ("modality", "family"), context=("ranking", "protocols"),
+                      settings=("protocol", "subsets")),
+    "leakage": Family(("ranks",), ("domain", "exposure"), ("dataset",), True, ("ranking", "protocols"),
+                      ("protocol",)),
+    "top_k": Family(("ranks",), ("domain", "exposure"), ("dataset", "modality"), True, ("ranking", "protocols"),
+                    ("protocol", "top_k", "subsets")),
+    "ft_lp": Family(("metrics",), ("domain", "params_m"), context=("ranking", "ft_protocols"),
+                    settings=("split", "finetune_protocol", "linear_protocol")),
+    "fairness": Family(("subgroups",), ("domain",), context=("ranking", "protocols"),
+                       settings=("protocol", "split", "subgroup_pairs")),
+    "sensitivity": Family(("lr_sweep", "ranks"), ("domain", "method"), context=("ranking", "protocols"),
+                          settings=("alpha", "lr_reference")),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What this config can produce
+# --------------------------------------------------------------------------------------------------------------
+
+def _subset_comparisons_exist(ctx: AnalysisContext) -> bool:
+    from retinabench.stats.distance import subset_comparisons
+    return bool(subset_comparisons(ctx.tasks, ctx.settings["subsets"], metric=ctx.metric,
+                                   protocol=ctx.focus_protocol, regime=ctx.regime))
+
+
+def _figure(paths: dict, key: str, base: str) -> None:
+    paths[key] = f"{base}.png"
+    paths[key.replace("png", "pdf", 1)] = f"{base}.pdf"
+
+
+def analysis_outputs(ctx: AnalysisContext, results: str) -> dict[str, dict[str, str]]:
+    """Per family this config can produce, its named outputs (PNG keys start with ``png``, each with a ``pdf``
+    twin). Families whose inputs the config does not produce are absent (no empty placeholders)."""
+    from retinabench.stats.leakage import high_leakage_datasets, informative_subsets, leakage_subsets
+    from retinabench.stats.subsets import task_subsets
+    R, A, F = results, f"{results}/analysis", f"{results}/figures"
+    k, n_tasks = len(ctx.encoders), len(ctx.tasks)
+    alts = [m for m in ctx.metrics if m != ctx.metric]
+    out: dict[str, dict[str, str]] = {}
+    out["ranks"] = {"ranks": f"{A}/ranks.parquet", "summary": f"{A}/rank_summary.csv"}
+    figs: dict[str, str] = {}
+    _figure(figs, "png", f"{F}/rank_distribution")
+    for m in alts:
+        _figure(figs, f"png_{m}", f"{F}/rank_distribution_{m}")
+    out["rank_figures"] = figs
+    out["tables"] = {"appendix_csv": f"{R}/tables/appendix.csv", "appendix_tex": f"{R}/tables/appendix.tex",
+                     "ranking_csv": f"{R}/tables/ranking.csv", "ranking_tex": f"{R}/tables/ranking.tex"}
+    if k >= 3 and n_tasks >= 2:
+        cd = {"friedman": f"{A}/friedman.csv", "nemenyi": f"{A}/nemenyi.csv"}
+        _figure(cd, "png", f"{F}/cd_diagram")
+        for m in alts:
+            _figure(cd, f"png_{m}", f"{F}/cd_diagram_{m}")
+        out["cd"] = cd
+    if len(ctx.protocols) >= 2 and any(r in ctx.regimes for r in (UNBALANCED, BALANCED)):
+        heat: dict[str, str] = {}
+        _figure(heat, "png", f"{F}/protocol_rank_heatmap")
+        out["protocol_heatmap"] = heat
+    if k >= 3:
+        agree = {"table": f"{A}/rank_agreement.csv"}
+        if len(ctx.protocols) >= 2 and any(r in ctx.regimes for r in (UNBALANCED, BALANCED)):
+            _figure(agree, "png_protocols", f"{F}/spearman_protocols")
+        if len(ctx.regimes) >= 2:
+            _figure(agree, "png_regimes", f"{F}/spearman_regimes")
+        if len(agree) > 1:
+            out["agreement"] = agree
+    if k >= 2:
+        dist = {"table": f"{A}/signed_rank_distance.csv", "kruskal": f"{A}/kruskal_wallis.csv"}
+        if len(ctx.protocols) >= 2:
+            _figure(dist, "png_protocols", f"{F}/srd_protocols")
+        if _subset_comparisons_exist(ctx):
+            _figure(dist, "png_subsets", f"{F}/srd_subsets")
+        if len(dist) > 2:
+            out["distance"] = dist
+    if task_subsets(ctx.tasks, ctx.settings["subsets"]):
+        sub = {"table": f"{A}/subset_ranks.csv"}
+        _figure(sub, "png", f"{F}/subset_ranks")
+        out["subsets"] = sub
+    lsub = leakage_subsets(ctx.tasks, ctx.encoders, ctx.datasets)
+    if informative_subsets(lsub, list(ctx.tasks)):
+        leak = {"table": f"{A}/leakage.csv"}
+        _figure(leak, "png", f"{F}/leakage_rank_change")
+        out["leakage"] = leak
+    high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
+    if any(m["dataset"] not in high for m in ctx.tasks.values()):
+        top = {"table": f"{A}/top_k.csv"}
+        _figure(top, "png", f"{F}/top_k")
+        out["top_k"] = top
+    s = ctx.settings
+    run = set(ctx.protocols) | set(ctx.ft_protocols)
+    if s["finetune_protocol"] in run and s["linear_protocol"] in run and \
+            (s["finetune_protocol"] not in ctx.ft_protocols or ctx.regime in ctx.ft_regimes):
+        ft = {"table": f"{A}/ft_lp_gap.csv"}
+        _figure(ft, "png", f"{F}/ft_lp_gap")
+        out["ft_lp"] = ft
+    if s["subgroup_metrics"]:
+        fair = {"table": f"{A}/subgroup_accuracy.csv"}
+        _figure(fair, "png", f"{F}/subgroup_accuracy")
+        out["fairness"] = fair
+    if ctx.lr_source:
+        lr = {"table": f"{A}/lr_sensitivity.csv"}
+        _figure(lr, "png", f"{F}/lr_sensitivity")
+        if (ctx.lr_encoders or k) >= 2:  # ranks at optimal vs sub-optimal lr need two encoders
+            lr["distance"] = f"{A}/lr_signed_rank_distance.csv"
+            _figure(lr, "png_srd", f"{F}/srd_lr")
+        out["sensitivity"] = lr
+    return out
+
+
+def family_inputs(family: str, results: str, ctx: "AnalysisContext") -> dict[str, str]:
+    """Input paths of a family's job."""
+    paths = {"metrics": f"{results}/metrics.parquet", "ranks": f"{results}/analysis/ranks.parquet"}
+    if ctx.settings.get("subgroup_metrics"):
+        paths["subgroups"] = str(Path(results) / ctx.settings["subgroup_metrics"])
+    if ctx.lr_source:
+        paths["lr_sweep"] = str(Path(results) / ctx.lr_source)
+    return {k: paths[k] for k in FAMILIES[family].inputs}
+
+
+def targets(outputs: dict[str, dict[str, str]]) -> list[str]:
+    return [p for fam in outputs.values() for p in fam.values()]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Families: DataFrames in, files out. `out` holds the paths analysis_outputs() gives the family.
+# --------------------------------------------------------------------------------------------------------------
+
+def _write_csv(df: pd.DataFrame, path: str) -> str:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False, float_format="%.6g")
+    return path
+
+
+def _write_text(text: str, path: str) -> str:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+    return path
+
+
+def _order(ranks: pd.DataFrame, ctx: AnalysisContext) -> list[str]:
+    from retinabench.stats.ranks import encoder_order
+    ranked = ranks[ranks["protocol"].isin(ctx.protocols)] if ctx.protocols else ranks
+    return encoder_order(ranked, metric=ctx.metric, regime=ctx.regime)
+
+
+def _metric_title(ctx: AnalysisContext, metric: str) -> str:
+    return f"test {metric.replace('_', ' ')}"
+
+
+def family_ranks(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.stats.ranks import rank_summaries, rank_tables
+    ranks = rank_tables(inputs["metrics"], ctx.metrics, split=ctx.split)
+    Path(out["ranks"]).parent.mkdir(parents=True, exist_ok=True)
+    ranks.to_parquet(out["ranks"], index=False)
+    _write_csv(rank_summaries(ranks), out["summary"])
+    return [out["ranks"], out["summary"]]
+
+
+def family_rank_figures(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.ranks import rank_distribution_figure
+    paths = []
+    for m in ctx.metrics:
+        key = "png" if m == ctx.metric else f"png_{m}"
+        paths += rank_distribution_figure(inputs["ranks"], ctx.encoders, out[key], regime=ctx.regime, metric=m,
+                                          protocols=ctx.protocols,
+                                          title=f"Encoder ranks by {_metric_title(ctx, m)} (regime {ctx.regime})")
+    return paths
+
+
+def family_tables(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.stats.ranks import rank_summaries
+    from retinabench.stats.tables import appendix_latex, appendix_table, ranking_latex, ranking_table
+    order = _order(inputs["ranks"], ctx)
+    app = appendix_table(inputs["metrics"], metric=ctx.metric, split=ctx.split)
+    rank = ranking_table(rank_summaries(inputs["ranks"]), regime=ctx.regime)
+    return [_write_csv(app, out["appendix_csv"]),
+            _write_text(appendix_latex(app, regime=ctx.regime, encoder_order=order), out["appendix_tex"]),
+            _write_csv(rank, out["ranking_csv"]),
+            _write_text(ranking_latex(rank, encoder_order=order), out["ranking_tex"])]
+
+
+def family_cd(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.cd import CDPanel, cd_figure
+    from retinabench.stats.friedman import block_ranks, friedman_test, nemenyi, nemenyi_long
+    from retinabench.stats.ranks import higher_is_better, score_matrix
+    ranks = inputs["ranks"]
+    rows, pairs, paths = [], [], []
+    for m in ctx.metrics:
+        panels = []
+        for protocol in ctx.protocols:
+            scores = score_matrix(ranks, metric=m, protocol=protocol, regime=ctx.regime)
+            res = friedman_test(scores, higher_is_better=higher_is_better(m), alpha=ctx.alpha)
+            p = nemenyi(scores)
+            mean_rank = block_ranks(scores, higher_is_better(m)).mean(axis=0)
+            rows.append({"metric": m, "protocol": protocol, "regime": ctx.regime, **res.as_dict()})
+            pairs.append(nemenyi_long(p, mean_rank, ctx.alpha).assign(metric=m, protocol=protocol,
+                                                                       regime=ctx.regime))
+            verdict = "differ" if res.p < ctx.alpha else "no evidence of a difference"
+            panels.append(CDPanel(f"{protocol}: Friedman χ² = {res.chi2:.2f}, p = {res.p:.2g} ({verdict}); "
+                                  f"{res.n} tasks, {res.k} encoders", mean_rank, p, res.cd))
+        key = "png" if m == ctx.metric else f"png_{m}"
+        paths += cd_figure(panels, ctx.encoders, out[key], alpha=ctx.alpha,
+                           title=f"Critical differences (Nemenyi, α = {ctx.alpha:g}), {_metric_title(ctx, m)}, "
+                                 f"regime {ctx.regime}")
+    return [_write_csv(pd.DataFrame(rows), out["friedman"]),
+            _write_csv(pd.concat(pairs, ignore_index=True), out["nemenyi"]), *paths]
+
+
+def family_protocol_heatmap(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.agreement import heatmap_panels
+    from retinabench.stats.agreement import condition_rankings
+    ranks = inputs["ranks"]
+    panels = {}
+    for regime, label in ((UNBALANCED, "unbalanced (u-u)"), (BALANCED, "balanced (b-b)")):
+        if regime in ctx.regimes:
+            m = condition_rankings(ranks, metric=ctx.metric, by="protocol", fixed={"regime": regime},
+                                   keep=ctx.protocols)
+            panels[label] = m[[p for p in ctx.protocols if p in m.columns]]
+    n_enc = len(ctx.encoders)
+    return heatmap_panels(panels, ctx.encoders, out["png"], order=_order(ranks, ctx), vmin=1, vmax=max(2, n_enc),
+                          value_label="mean rank across tasks (1 = best)",
+                          title=f"Mean rank per protocol, {_metric_title(ctx, ctx.metric)}")
+
+
+def family_agreement(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.agreement import spearman_figure
+    from retinabench.stats.agreement import agreement_table, condition_rankings, spearman_matrix
+    ranks = inputs["ranks"]
+    table = agreement_table(ranks, metric=ctx.metric, protocols=ctx.protocols, regimes=ctx.regimes,
+                            alpha=ctx.alpha)
+    paths = [_write_csv(table, out["table"])]
+    if "png_protocols" in out:
+        mats = {}
+        for regime, label in ((UNBALANCED, "unbalanced (u-u)"), (BALANCED, "balanced (b-b)")):
+            if regime in ctx.regimes:
+                m = condition_rankings(ranks, metric=ctx.metric, by="protocol", fixed={"regime": regime},
+                                   keep=ctx.protocols)
+                mats[label] = spearman_matrix(m, ctx.protocols)
+        paths += spearman_figure(mats, out["png_protocols"], alpha=ctx.alpha, n_encoders=int(table["n_encoders"].max()),
+                                 title=f"Agreement of protocols' encoder rankings ({_metric_title(ctx, ctx.metric)})")
+    if "png_regimes" in out:
+        mats = {}
+        for protocol in ctx.protocols:
+            m = condition_rankings(ranks, metric=ctx.metric, by="regime", fixed={"protocol": protocol},
+                                   keep=ctx.regimes)
+            mats[protocol] = spearman_matrix(m, ctx.regimes)
+        paths += spearman_figure(mats, out["png_regimes"], alpha=ctx.alpha, n_encoders=int(table["n_encoders"].max()),
+                                 title=f"Agreement of encoder rankings between data regimes "
+                                       f"({_metric_title(ctx, ctx.metric)})")
+    return paths
+
+
+def family_distance(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.bars import distance_bars
+    from retinabench.stats.distance import (distance_table, kruskal_table, protocol_comparisons,
+                                            subset_comparisons)
+    ranks = inputs["ranks"]
+    comps = protocol_comparisons(ctx.protocols, metric=ctx.metric, regime=ctx.regime) \
+        if len(ctx.protocols) >= 2 else []
+    subs = subset_comparisons(ctx.tasks, ctx.settings["subsets"], metric=ctx.metric, protocol=ctx.focus_protocol,
+                              regime=ctx.regime)
+    table = distance_table(ranks, comps + subs, ctx.encoders)
+    kw = kruskal_table(table, ctx.alpha)
+    paths = [_write_csv(table, out["table"]), _write_csv(kw, out["kruskal"])]
+    order = _order(ranks, ctx)
+    if "png_protocols" in out:
+        d = table[table["family"] == "protocols"]
+        paths += distance_bars(d, kw, ctx.encoders, out["png_protocols"], order=order,
+                               title=f"Signed rank distance between protocols ({_metric_title(ctx, ctx.metric)}, "
+                                     f"regime {ctx.regime})")
+    if "png_subsets" in out:
+        d = table[table["family"] != "protocols"]
+        paths += distance_bars(d, kw, ctx.encoders, out["png_subsets"], order=order,
+                               title=f"Signed rank distance, subset vs rest ({ctx.focus_protocol}, "
+                                     f"{_metric_title(ctx, ctx.metric)}, regime {ctx.regime})")
+    return paths
+
+
+def family_subsets(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.agreement import heatmap_panels
+    from retinabench.stats.subsets import subset_rankings, task_subsets
+    ranks = inputs["ranks"]
+    subsets = task_subsets(ctx.tasks, ctx.settings["subsets"])
+    table = subset_rankings(ranks, subsets, metric=ctx.metric, protocol=ctx.focus_protocol, regime=ctx.regime)
+    wide = table.pivot(index="encoder", columns="subset", values="mean_rank")[["all", *subsets]]
+    wide.columns = [f"{c} ({len(subsets[c]) if c in subsets else len(ctx.tasks)})" for c in wide.columns]
+    paths = [_write_csv(table, out["table"])]
+    paths += heatmap_panels({f"{ctx.focus_protocol}, regime {ctx.regime}": wide}, ctx.encoders, out["png"],
+                            order=_order(ranks, ctx), vmin=1, vmax=max(2, len(ctx.encoders)),
+                            value_label="mean rank (1 = best)",
+                            title=f"Mean rank by task subset (task count), {_metric_title(ctx, ctx.metric)}")
+    return paths
+
+
+def family_leakage(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.bars import leakage_bars
+    from retinabench.stats.leakage import (SUBSET_LABELS, exposed_datasets, exposure_likelihood,
+                                           informative_subsets, leakage_rerank, leakage_subsets)
+    ranks = inputs["ranks"]
+    subsets = informative_subsets(leakage_subsets(ctx.tasks, ctx.encoders, ctx.datasets), list(ctx.tasks))
+    if not subsets:
+        raise ValueError("leakage: no task subset differs from the full task set (nothing to re-rank)")
+    table = leakage_rerank(ranks, subsets, metric=ctx.metric, protocol=ctx.focus_protocol, regime=ctx.regime,
+                           likelihood=exposure_likelihood(ctx.encoders, ctx.datasets),
+                           exposure=exposed_datasets(ctx.encoders, list(ctx.datasets)))
+    paths = [_write_csv(table, out["table"])]
+    paths += leakage_bars(table, ctx.encoders, out["png"], order=_order(ranks, ctx), labels=SUBSET_LABELS,
+                          title=f"Rank change without possibly leaked tasks ({ctx.focus_protocol}, "
+                                f"{_metric_title(ctx, ctx.metric)})")
+    return paths
+
+
+def family_top_k(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.bars import top_k_panels
+    from retinabench.stats.leakage import high_leakage_datasets, top_k
+    ranks = inputs["ranks"]
+    high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
+    clean = sorted(t for t, m in ctx.tasks.items() if m["dataset"] not in high)
+    k = int(ctx.settings["top_k"])
+    modalities = list(ctx.settings["subsets"].get("modality", []))
+    table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.focus_protocol,
+                  regime=ctx.regime, modalities=modalities)
+    titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}
+    paths = [_write_csv(table.assign(excluded_datasets=",".join(sorted(high))), out["table"])]
+    excluded = ", ".join(sorted(high)) or "none"
+    paths += top_k_panels(table, ctx.encoders, out["png"], titles=titles,
+                          title=f"Top {k} by mean rank, high-leakage datasets excluded ({excluded}); "
+                                f"{ctx.focus_protocol}, {_metric_title(ctx, ctx.metric)}")
+    return paths
+
+
+def family_ft_lp(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.scatter import ft_lp_gap_figure
+    from retinabench.stats.protocols import ft_lp_gap
+    s = ctx.settings
+    table = ft_lp_gap(inputs["metrics"], ctx.encoders, finetune=s["finetune_protocol"], linear=s["linear_protocol"],
+                      regime=ctx.regime, metric=ctx.metric, split=ctx.split)
+    return [_write_csv(table, out["table"]),
+            *ft_lp_gap_figure(table, ctx.encoders, out["png"], finetune=s["finetune_protocol"],
+                              linear=s["linear_protocol"],
+                              title=f"{s['finetune_protocol']} − {s['linear_protocol']} gap vs size "
+                                    f"(regime {ctx.regime}; mean ± sd over tasks)")]
+
+
+def family_fairness(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.scatter import subgroup_figure
+    from retinabench.stats.fairness import subgroup_pairs
+    table = subgroup_pairs(inputs["subgroups"], ctx.settings["subgroup_pairs"], metric=ctx.metric,
+                           protocol=ctx.focus_protocol, regime=ctx.regime, split=ctx.split)
+    return [_write_csv(table, out["table"]),
+            *subgroup_figure(table, ctx.encoders, out["png"],
+                             title=f"Subgroup {_metric_title(ctx, ctx.metric)} per encoder "
+                                   f"({ctx.focus_protocol}, regime {ctx.regime})")]
+
+
+def family_sensitivity(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.bars import distance_bars, sensitivity_bars
+    from retinabench.stats.distance import distance_rows, kruskal_table, with_groups
+    from retinabench.stats.sensitivity import choices_from_sweep, lr_mean_ranks, lr_sensitivity
+    s = ctx.settings
+    choices = choices_from_sweep(inputs["lr_sweep"], metric=ctx.metric, regime=ctx.regime,
+                                 reference_lr=s["lr_reference"])
+    sens, frames = [], []
+    for protocol, c in choices.groupby("protocol", sort=True):
+        sens.append(lr_sensitivity(c).assign(protocol=protocol))
+        if c["encoder"].nunique() >= 2:
+            r_opt, r_sub = lr_mean_ranks(c)
+            frames.append(distance_rows(f"optimal vs sub-optimal lr ({protocol})", "lr", "optimal lr",
+                                        "sub-optimal lr", r_opt, r_sub))
+    sens = pd.concat(sens, ignore_index=True)
+    order = [e for e in _order(inputs["ranks"], ctx) if e in set(sens["encoder"])]
+    paths = [_write_csv(sens, out["table"])]
+    paths += sensitivity_bars(sens, ctx.encoders, out["png"], order=order,
+                              xlabel=f"test {ctx.metric} drop: optimal − sub-optimal lr",
+                              title=f"Learning-rate sensitivity (regime {ctx.regime}; mean ± sd over tasks)")
+    if "png_srd" in out:
+        if not frames:
+            raise ValueError("learning-rate sensitivity: no protocol of the sweep has two or more encoders to rank")
+        dist = with_groups(pd.concat(frames, ignore_index=True), ctx.encoders)
+        kw = kruskal_table(dist, ctx.alpha)
+        paths.append(_write_csv(dist, out["distance"]))
+        paths += distance_bars(dist, kw, ctx.encoders, out["png_srd"], order=order,
+                               title="Signed rank distance, optimal vs sub-optimal learning rate")
+    return paths
+
+
+FAMILY_FUNCTIONS: dict[str, Callable[[dict, AnalysisContext, dict], list[str]]] = {
+    "ranks": family_ranks, "rank_figures": family_rank_figures, "tables": family_tables, "cd": family_cd,
+    "protocol_heatmap": family_protocol_heatmap, "agreement": family_agreement, "distance": family_distance,
+    "subsets": family_subsets, "leakage": family_leakage, "top_k": family_top_k, "ft_lp": family_ft_lp,
+    "fairness": family_fairness, "sensitivity": family_sensitivity,
+}
+
+
+def read_input(kind: str, path: str) -> pd.DataFrame:
+    from retinabench.schemas import read_table
+    if kind == "metrics":
+        return read_table(path, "metrics")
+    if kind == "ranks":
+        return pd.read_parquet(path)
+    if kind == "subgroups":
+        from retinabench.stats.fairness import check_subgroups
+        df = read_table(path)
+        check_subgroups(df)
+        return df
+    if kind == "lr_sweep":
+        from retinabench.stats.sensitivity import check_sweep
+        df = read_table(path)
+        check_sweep(df)
+        return df
+    raise KeyError(f"unknown analysis input kind {kind!r}")
+
+
+def run_family(family: str, inputs: dict[str, pd.DataFrame], ctx: AnalysisContext, out: dict[str, str]) -> list[str]:
+    """Run one family on in-memory tables; returns the files written (each must be one of ``out``'s paths)."""
+    if family not in FAMILY_FUNCTIONS:
+        raise KeyError(f"unknown analysis family {family!r}; known: {sorted(FAMILY_FUNCTIONS)}")
+    missing = [k for k in FAMILIES[family].inputs if k not in inputs]
+    if missing:
+        raise KeyError(f"analysis family {family!r} needs input(s) {missing}")
+    written = FAMILY_FUNCTIONS[family](inputs, ctx, out)
+    unexpected = sorted(set(written) - set(out.values()))
+    if unexpected:
+        raise RuntimeError(f"analysis family {family!r} wrote files it did not declare: {unexpected}")
+    not_written = sorted(set(out.values()) - set(written))
+    if not_written:
+        raise RuntimeError(f"analysis family {family!r} did not write {not_written}")
+    return written
+
+
+def _stage(family: str) -> Callable:
+    def stage(job) -> None:
+        ctx = AnalysisContext.from_params(job.params)
+        inputs = {k: read_input(k, job.input[k]) for k in FAMILIES[family].inputs}
+        written = run_family(family, inputs, ctx, dict(job.output))
+        config = {k: job.params[k] for k in job.params if k not in ("encoders", "tasks", "datasets")}
+        registry = {k: job.params[k] for k in ("encoders", "tasks", "datasets") if k in job.params}
+        for path in written:
+            write_sidecar(path, rule=job.rule, inputs=job.inputs_flat(), wildcards=job.wildcards,
+                          config=config, extra={"family": family, "registry_fields": registry})
+    stage.__name__ = f"stage_analysis_{family}"
+    stage.__doc__ = f"Snakemake stage of the {family!r} analysis family (see FAMILY_FUNCTIONS)."
+    return stage
+
+
+# Stage names are prefixed so they never shadow the pipeline's own (e.g. "ranks").
+ANALYSIS_STAGES: dict[str, Callable] = {f"analysis_{f}": _stage(f) for f in FAMILY_FUNCTIONS}

@@ -1,6 +1,163 @@
-"""Stage entry points of the finetune layer; merged into retinabench.stages.STAGES."""
+"""Stage entry points of the finetune layer; merged into retinabench.stages.STAGES.
+
+* ``finetune`` — one (encoder, task, protocol, seed): every training regime; predictions, training log, metrics,
+  compute record (time per step, peak memory). Resumes from its checkpoint directory after a kill.
+* ``sweep_stage`` — one stage of the learning-rate sweep for one (encoder, task), looping over the grid.
+* ``sweep_choose`` — the chosen (lr_classifier, lr_encoder) of an encoder, a JSON artifact.
+* ``sweep_sensitivity`` — the per-encoder sensitivity table (optimal vs mean of sub-optimal learning rates).
+* ``finetune_predictions`` — a protocol's predictions of one (encoder, task), all seeds (the frozen layout).
+* ``sweep_collect`` / ``finetune_compute`` — tables over all encoders for the analysis layer.
+"""
 from __future__ import annotations
 
+import json
+import shutil
+import time
+from pathlib import Path
 from typing import Callable
 
-FINETUNE_STAGES: dict[str, Callable] = {}
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from retinabench.schemas import conform, read_table, write_table
+from retinabench.stages import Job, _sidecars
+
+
+def _write_parquet(df: pd.DataFrame, path: str, *, metrics_part: bool = False) -> str:
+    """Atomic Parquet write of a table without a fixed schema; ``metrics_part``: its METRICS columns are checked."""
+    if metrics_part:
+        from retinabench.schemas import METRICS
+        conform(df[METRICS.names], "metrics", where=path)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
+    tmp.replace(p)
+    return path
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _load_data(job: Job):
+    split = read_table(job.input["split"], "split")
+    index = read_table(job.input["index"], "image_index")
+    if not Path(job.input["array"]).is_file():
+        raise FileNotFoundError(f"image cache {job.input['array']} does not exist")
+    return index, split
+
+
+def stage_finetune(job: Job) -> None:
+    import torch
+    from retinabench.metrics.classification import metrics_table
+    from retinabench.protocols.finetune import TrainConfig, run_finetune
+    from retinabench.protocols.sweep import read_chosen
+    torch.set_num_threads(max(1, job.threads))
+    p, task, entry = job.params["finetune"], job.params["task"], job.params["encoder"]
+    protocol, seed = job.wildcards["protocol"], int(job.wildcards["seed"])
+    if "lr" in job.input:  # the sweep's choice
+        chosen = read_chosen(job.input["lr"])
+        if chosen["encoder"] != entry["name"]:
+            raise ValueError(f"{job.input['lr']} holds the learning rates of {chosen['encoder']!r}, "
+                             f"not {entry['name']!r}")
+        lrs = {"lr_encoder": float(chosen["lr_encoder"]), "lr_classifier": float(chosen["lr_classifier"])}
+    else:
+        lrs = {"lr_encoder": float(p["lr_encoder"]), "lr_classifier": float(p["lr_classifier"])}
+    cfg = TrainConfig.from_settings(p, **lrs)
+    index, split = _load_data(job)
+    t0 = time.perf_counter()
+    ckpt = job.params["checkpoints"]
+    out = run_finetune(job.input["array"], index, split, task, entry, protocol=protocol, seed=seed,
+                       regimes=job.params["regimes"], cfg=cfg, ckpt_dir=ckpt, threads=job.threads, log=_log)
+    write_table(out.predictions, job.output["predictions"], "predictions")
+    write_table(out.log, job.output["log"], "training_log")
+    _write_parquet(out.compute, job.output["compute"])
+    conf = {"task": task, "finetune": p, "regimes": job.params["regimes"], "learning_rates": lrs}
+    extra = {"seconds": round(time.perf_counter() - t0, 2), "checkpoints": ckpt,
+             "compute": out.compute.to_dict("records")}
+    _sidecars(job, [job.output["predictions"], job.output["log"], job.output["compute"]], config=conf, seed=seed,
+              extra=extra)
+    metrics = metrics_table(out.predictions, {task["name"]: task})
+    write_table(metrics, job.output["metrics"], "metrics")
+    _sidecars(job, [job.output["metrics"]], config={"task": task}, inputs=[job.output["predictions"]])
+    if not p.get("keep_checkpoints", False) and Path(ckpt).exists():
+        shutil.rmtree(ckpt)  # the outputs are written: the checkpoints' only use (resuming) is over
+
+
+def stage_sweep_stage(job: Job) -> None:
+    import torch
+    from retinabench.protocols.sweep import choose_lr, run_sweep_stage, sweep_train_config
+    torch.set_num_threads(max(1, job.threads))
+    p, s, task, entry = job.params["finetune"], job.params["sweep"], job.params["task"], job.params["encoder"]
+    stage = int(job.params["sweep_stage"])
+    lr_classifier = None
+    if stage == 2:
+        lr_classifier, _ = choose_lr(pd.read_parquet(job.input["stage1"]))
+        _log(f"stage 2 with lr_classifier {lr_classifier:g} (stage 1's choice)")
+    cfg = sweep_train_config(p, s)
+    index, split = _load_data(job)
+    t0 = time.perf_counter()
+    ckpt = job.params["checkpoints"]
+    metrics, runs = run_sweep_stage(stage, job.input["array"], index, split, task, entry, grid=s["grid"],
+                                    seeds=s["seeds"], regimes=s["regimes"], cfg=cfg, lr_classifier=lr_classifier,
+                                    ckpt_dir=ckpt, threads=job.threads, log=_log)
+    _write_parquet(metrics, job.output["metrics"], metrics_part=True)
+    _write_parquet(runs, job.output["runs"])
+    _sidecars(job, [job.output["metrics"], job.output["runs"]], config={"task": task, "finetune": p, "sweep": s},
+              seed=s["seeds"], extra={"seconds": round(time.perf_counter() - t0, 2),
+                                      "lr_classifier_fixed": lr_classifier})
+    if not p.get("keep_checkpoints", False) and Path(ckpt).exists():
+        shutil.rmtree(ckpt)
+
+
+def stage_sweep_choose(job: Job) -> None:
+    from retinabench.protocols.sweep import chosen_record
+    rec = chosen_record(job.wildcards["encoder"], job.params["task"], pd.read_parquet(job.input["stage1"]),
+                        pd.read_parquet(job.input["stage2"]))
+    out = Path(job.output["chosen"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(rec, indent=1, sort_keys=True, default=float))
+    tmp.replace(out)
+    _log(f"{rec['encoder']}: lr_classifier {rec['lr_classifier']:g}, lr_encoder {rec['lr_encoder']:g} "
+         f"({rec['criterion']})")
+    _sidecars(job, [str(out)], config={"criterion": rec["criterion"]},
+              extra={"lr_classifier": rec["lr_classifier"], "lr_encoder": rec["lr_encoder"]})
+
+
+def stage_sweep_sensitivity(job: Job) -> None:
+    from retinabench.protocols.sweep import sensitivity_table
+    metrics = pd.concat([pd.read_parquet(f) for f in job.input["metrics"]], ignore_index=True)
+    runs = pd.concat([pd.read_parquet(f) for f in job.input["runs"]], ignore_index=True)
+    table = sensitivity_table(metrics, runs)
+    _write_parquet(table, job.output["sensitivity"])
+    _sidecars(job, [job.output["sensitivity"]], config={})
+
+
+def stage_sweep_collect(job: Job) -> None:
+    metrics = pd.concat([pd.read_parquet(f) for f in job.input["metrics"]], ignore_index=True)
+    sens = pd.concat([pd.read_parquet(f) for f in job.input["sensitivity"]], ignore_index=True)
+    _write_parquet(metrics, job.output["metrics"], metrics_part=True)
+    _write_parquet(sens, job.output["sensitivity"])
+    _sidecars(job, [job.output["metrics"], job.output["sensitivity"]], config={})
+
+
+def stage_finetune_predictions(job: Job) -> None:
+    preds = pd.concat([read_table(f, "predictions") for f in job.input["predictions"]], ignore_index=True)
+    write_table(preds, job.output["predictions"], "predictions")
+    _sidecars(job, [job.output["predictions"]], config={})
+
+
+def stage_finetune_compute(job: Job) -> None:
+    table = pd.concat([pd.read_parquet(f) for f in job.input["compute"]], ignore_index=True)
+    _write_parquet(table, job.output["compute"])
+    _sidecars(job, [job.output["compute"]], config={})
+
+
+FINETUNE_STAGES: dict[str, Callable] = {
+    "finetune": stage_finetune, "sweep_stage": stage_sweep_stage, "sweep_choose": stage_sweep_choose,
+    "sweep_sensitivity": stage_sweep_sensitivity, "sweep_collect": stage_sweep_collect,
+    "finetune_predictions": stage_finetune_predictions, "finetune_compute": stage_finetune_compute,
+}

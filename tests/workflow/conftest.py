@@ -11,6 +11,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 TINY = {
+    "datasets": ["phantom"],
     "phantom": {"n_patients": 60, "seed": 0, "image_size": 256},
     "encoders": ["efficientnet_lite0_in1k", "vit_tiny_random"],
     "seeds": [0, 1],

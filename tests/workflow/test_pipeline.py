@@ -17,7 +17,8 @@ def test_outputs_and_tidy_metrics(tiny_workflow):
     metrics = read_table(r / "metrics.parquet", "metrics")
     assert list(metrics.columns) == METRICS.names
     assert set(metrics["encoder"]) == {"efficientnet_lite0_in1k", "vit_tiny_random"}
-    assert set(metrics["task"]) == {"phantom_cfp_dr3", "phantom_cfp_glaucoma", "phantom_oct_dme"}
+    assert set(metrics["task"]) == {"phantom_cfp_dr3", "phantom_cfp_glaucoma", "phantom_oct_dme",
+                                  "phantom_cfp_anydr"}
     assert set(metrics["protocol"]) == {"knn", "linear", "logreg"}
     assert set(metrics["regime"]) == {"u-u", "u-b", "b-b", "b-u"}
     assert set(metrics.loc[metrics["protocol"] == "linear", "seed"]) == {0, 1}
@@ -47,7 +48,7 @@ def test_editing_one_encoder_entry_reruns_only_its_features(tiny_workflow, tmp_p
     plan = run_snakemake(work, "-n").stdout
     jobs = {line.split()[0]: int(line.split()[1]) for line in plan.split("Job stats:")[1].splitlines()[3:]
             if len(line.split()) == 2 and line.split()[1].isdigit()}
-    assert jobs["features"] == 1 and jobs["frozen"] == 3  # vit_tiny × 3 tasks; efficientnet untouched
+    assert jobs["features"] == 1 and jobs["frozen"] == 4  # vit_tiny × 4 tasks; efficientnet untouched
     assert "manifest" not in jobs and "split" not in jobs and "image_cache" not in jobs
 
 

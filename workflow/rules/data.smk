@@ -48,7 +48,7 @@ rule split:
         split=f"{R}/splits/{{dataset}}/{{task}}.parquet",
     params:
         stage="split",
-        code=code_hash("data/splits.py"),
+        code=code_hash("data/splits.py", "data/derived.py"),
         task=lambda wc: REG.task(wc.task),
         split=config["split"],
     log:

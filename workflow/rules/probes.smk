@@ -12,7 +12,8 @@ rule frozen:
         metrics=f"{R}/metrics/frozen/{{encoder}}/{{task}}.parquet",
     params:
         stage="frozen",
-        code=code_hash("protocols", "metrics"),
+        code=code_hash("protocols/frozen.py", "protocols/knn.py", "protocols/linear.py", "protocols/logreg.py",
+                       "protocols/common.py", "metrics/classification.py", "data/splits.py"),
         task=lambda wc: REG.task(wc.task),
         protocols={"names": config["protocols"], "seeds": config["seeds"], "regimes": config["regimes"],
                    "knn": config["knn"], "linear": config["linear"], "logreg": config["logreg"]},

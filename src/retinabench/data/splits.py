@@ -19,13 +19,19 @@ class SplitError(ValueError):
 
 
 def task_rows(manifest: pd.DataFrame, task: dict) -> tuple[pd.DataFrame, int]:
-    """Rows of ``manifest`` that belong to ``task`` (its modality, a known label) and the count without label."""
+    """Rows of ``manifest`` that belong to ``task`` (its modality, a known label) and the count without label.
+
+    A task with ``derive`` (retinabench.data.derived) gets its label column mapped to its classes in the rows
+    returned; the manifest itself is not changed."""
     label = task["label"]
     if label not in manifest.columns:
         raise SplitError(f"task {task['name']!r}: manifest of {task['dataset']!r} has no label column {label!r}")
     rows = manifest[manifest["modality"] == task["modality"]]
     unlabelled = int(rows[label].isna().sum())
     rows = rows[rows[label].notna()]
+    if task.get("derive"):  # derived task (e.g. any DR from dr3): the label column holds the task's classes
+        from retinabench.data.derived import apply_derive
+        rows = rows.assign(**{label: apply_derive(rows[label], task)})
     unknown = rows.loc[~rows[label].isin(task["classes"]), ["image_id", label]]
     if len(unknown):
         first = unknown.iloc[0]

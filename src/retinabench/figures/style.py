@@ -21,6 +21,54 @@ def save(fig, png_path) -> list[str]:
     png = Path(png_path)
     png.parent.mkdir(parents=True, exist_ok=True)
     pdf = png.with_suffix(".pdf")
-    fig.savefig(png, dpi=150, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(pdf, bbox_inches="tight", metadata={"Creator": None, "Producer": None, "CreationDate": None})
+    # The tight bounding box is computed once for both files (savefig's "tight" would lay the figure out twice).
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+    engine = fig.get_layout_engine()
+    if engine is not None and not isinstance(engine, PlaceHolderLayoutEngine):
+        fig.draw_without_rendering()  # runs the layout engine (constrained layout), so the bbox is the final one
+    # Freeze the layout: with an engine set (even tight_layout's placeholder), savefig draws the figure once more
+    # before each file; positions are final here, so the PNG and the PDF each need exactly one draw.
+    fig.set_layout_engine(None)
+    bbox = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
+    fig.savefig(png, dpi=150, bbox_inches=bbox, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
+    fig.savefig(pdf, bbox_inches=bbox, metadata={"Creator": None, "Producer": None, "CreationDate": None})
     return [str(png), str(pdf)]
+
+
+# --- helpers shared by the analysis figures ----------------------------------------------------------------------
+
+matplotlib.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8,
+                            "xtick.labelsize": 8, "ytick.labelsize": 8, "svg.hashsalt": "retinabench",
+                            "pdf.compression": 6})
+
+LIKELIHOOD_COLORS = {"known": "#C44E52", "possible": "#DD8452", "unlikely": "#4C72B0"}
+
+
+def encoder_domain(encoders: dict[str, dict], name: str) -> str | None:
+    return (encoders.get(name) or {}).get("domain")
+
+
+def encoder_colors(encoders: dict[str, dict], names) -> list[str]:
+    """Colour of each encoder: its pretraining domain's."""
+    return [domain_color(encoder_domain(encoders, n)) for n in names]
+
+
+def color_ticklabels(ticklabels, encoders: dict[str, dict]) -> None:
+    """Colour encoder tick labels by pretraining domain (labels' text must be encoder names)."""
+    for t in ticklabels:
+        t.set_color(domain_color(encoder_domain(encoders, t.get_text())))
+
+
+def domain_handles(encoders: dict[str, dict], names):
+    """Legend handles for the pretraining domains of ``names``, in DOMAIN_COLORS order."""
+    from matplotlib.patches import Patch
+    present = {encoder_domain(encoders, n) or "none" for n in names}
+    order = [d for d in DOMAIN_COLORS if d in present] + sorted(present - set(DOMAIN_COLORS))
+    return [Patch(facecolor=domain_color(d), label=d) for d in order]
+
+
+def domain_legend(target, encoders: dict[str, dict], names, **kwargs):
+    """Add a 'pretraining domain' legend to a figure or axes."""
+    handles = domain_handles(encoders, names)
+    kwargs = {"title": "pretraining domain", "frameon": False, **kwargs}
+    return target.legend(handles=handles, **kwargs)

@@ -1,0 +1,62 @@
+"""Critical-difference diagrams (Demšar 2006) drawn by scikit-posthocs: encoders placed by mean rank, encoders
+the Nemenyi test cannot tell apart (p >= alpha) joined by a bar, the CD drawn above the axis; one panel per
+protocol, encoder labels coloured by pretraining domain."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from retinabench.figures.style import DOMAIN_COLORS, domain_legend, encoder_domain, save  # noqa: I001 (Agg first)
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
+import pandas as pd
+import scikit_posthocs as sp
+
+
+@dataclass
+class CDPanel:
+    title: str
+    mean_rank: pd.Series          # per encoder
+    p_values: pd.DataFrame        # Nemenyi, encoders × encoders
+    cd: float
+
+
+def cd_figure(panels: list[CDPanel], encoders: dict[str, dict], out_png, *, alpha: float = 0.05,
+              title: str | None = None) -> list[str]:
+    if not panels:
+        raise ValueError("cd_figure: no panels")
+    names = sorted(set().union(*[set(p.mean_rank.index) for p in panels]))
+    k_max = max(len(p.mean_rank) for p in panels)
+    fig = plt.figure(figsize=(max(7.0, 0.16 * k_max + 6.0), 1.0))
+    gs = fig.add_gridspec(len(panels), 1)
+    spans = []
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot(gs[i, 0])
+        hue = pd.Series({e: encoder_domain(encoders, e) or "none" for e in panel.mean_rank.index})
+        palette = {d: DOMAIN_COLORS.get(d, "#8C8C8C") for d in hue.unique()}
+        sp.critical_difference_diagram(panel.mean_rank, panel.p_values, alpha=alpha, ax=ax,
+                                       hue=hue, color_palette=palette,
+                                       label_fmt_left="{label} ({rank:.2f})", label_fmt_right="({rank:.2f}) {label}",
+                                       label_props={"fontsize": 8}, crossbar_props={"color": "black"})
+        k = len(panel.mean_rank)
+        # The CD bar (drawn here, above the tick labels, rather than by scikit-posthocs on top of them).
+        ax.plot([1, 1 + panel.cd], [2.0, 2.0], color="black", lw=2, clip_on=False)
+        ax.plot([1, 1], [1.8, 2.2], color="black", lw=1, clip_on=False)
+        ax.plot([1 + panel.cd, 1 + panel.cd], [1.8, 2.2], color="black", lw=1, clip_on=False)
+        ax.text(1 + panel.cd + 0.15, 2.0, f"CD = {panel.cd:.2f} (α = {alpha:g})", va="center", fontsize=8)
+        y0, _ = ax.get_ylim()
+        ax.set_ylim(y0 - 0.3, 2.6)
+        ax.set_xlim(0.5, k + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(k, 18)))
+        ax.set_title(panel.title, fontsize=10, pad=4)
+        spans.append(2.9 - y0)
+    gs.set_height_ratios(spans)
+    height = 0.2 * sum(spans) + 0.45 * len(panels) + 1.0
+    fig.set_size_inches(fig.get_size_inches()[0], height)
+    if title:
+        fig.suptitle(title)
+    domain_legend(fig, encoders, names, loc="lower center", ncol=7, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - (0.35 / height if title else 0)), h_pad=1.5)
+    paths = save(fig, out_png)
+    plt.close(fig)
+    return paths

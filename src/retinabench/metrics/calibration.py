@@ -1,0 +1,106 @@
+"""Calibration: ECE (binary on the positive-class probability; top-label for multi-class), reliability-diagram
+bins, negative log-likelihood, temperature scaling fitted on validation predictions.
+
+Bins: 10 equal-width bins, bin i holding (i/10, (i+1)/10] and 0 going to bin 0 (the convention of
+retinabench.metrics.classification's top-label ECE). ECE = sum_b (n_b / n) |mean(target)_b − mean(prob)_b|,
+where (target, prob) is (y == positive, p_pos) for binary tasks and (top label correct, top-label confidence)
+for multi-class tasks.
+
+Temperature scaling works on the probabilities the predictions schema stores: logits are log p (clipped at
+1e-7 so a kNN's hard zero stays finite; a softmax is invariant to the per-row constant this drops), the scaled
+probabilities are softmax(log p / T), and T minimises the validation NLL over T in [0.05, 20].
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax
+
+from retinabench.metrics.classification import expected_calibration_error
+from retinabench.stats.bootstrap import ece_bins
+
+EPS = 1e-7
+T_BOUNDS = (0.05, 20.0)
+
+
+def binary_ece(y_true, p_pos, n_bins: int = 10) -> float:
+    """ECE of the positive-class probability against the binary outcome."""
+    y = (np.asarray(y_true) == 1).astype(np.float64)
+    p = np.asarray(p_pos, dtype=np.float64)
+    if len(y) == 0:
+        return float("nan")
+    bins = ece_bins(p, n_bins)
+    ece = 0.0
+    for b in range(n_bins):
+        m = bins == b
+        if m.any():
+            ece += m.mean() * abs(y[m].mean() - p[m].mean())
+    return float(ece)
+
+
+def top_label_ece(y_true, proba, n_bins: int = 10) -> float:
+    if len(y_true) == 0:
+        return float("nan")
+    return expected_calibration_error(np.asarray(y_true), np.asarray(proba, dtype=np.float64), n_bins)
+
+
+def calibration_target(y_true, proba) -> tuple[np.ndarray, np.ndarray]:
+    """(target, prob) pairs the ECE and reliability diagram use: binary -> (y == 1, p_pos); else top label."""
+    y = np.asarray(y_true)
+    proba = np.asarray(proba, dtype=np.float64)
+    if proba.shape[1] == 2:
+        return (y == 1).astype(np.float64), proba[:, 1]
+    return (proba.argmax(1) == y).astype(np.float64), proba.max(1)
+
+
+def ece(y_true, proba, n_bins: int = 10) -> float:
+    """Binary ECE on p_pos for two classes, top-label ECE otherwise."""
+    proba = np.asarray(proba, dtype=np.float64)
+    return binary_ece(y_true, proba[:, 1], n_bins) if proba.shape[1] == 2 else top_label_ece(y_true, proba, n_bins)
+
+
+def reliability_bins(y_true, proba, n_bins: int = 10) -> pd.DataFrame:
+    """One row per bin: edges, count, mean predicted probability, observed frequency (NaN for empty bins)."""
+    target, prob = calibration_target(y_true, proba)
+    bins = ece_bins(prob, n_bins)
+    rows = []
+    for b in range(n_bins):
+        m = bins == b
+        rows.append({"bin": b, "lower": b / n_bins, "upper": (b + 1) / n_bins, "n": int(m.sum()),
+                     "mean_prob": float(prob[m].mean()) if m.any() else float("nan"),
+                     "observed": float(target[m].mean()) if m.any() else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def log_probs(proba) -> np.ndarray:
+    p = np.clip(np.asarray(proba, dtype=np.float64), EPS, 1.0)
+    return np.log(p / p.sum(axis=1, keepdims=True))
+
+
+def nll(y_true, proba) -> float:
+    y = np.asarray(y_true, dtype=np.int64)
+    if len(y) == 0:
+        return float("nan")
+    return float(-log_probs(proba)[np.arange(len(y)), y].mean())
+
+
+def apply_temperature(proba, temperature: float) -> np.ndarray:
+    return np.exp(log_softmax(log_probs(proba) / float(temperature), axis=1))
+
+
+def fit_temperature(y_val, proba_val) -> tuple[float, str]:
+    """Temperature minimising validation NLL; (1.0, reason) when there is nothing to fit on."""
+    y = np.asarray(y_val, dtype=np.int64)
+    if len(y) == 0:
+        return 1.0, "no validation rows: T = 1"
+    logits = log_probs(proba_val)
+    idx = np.arange(len(y))
+
+    def loss(log_t: float) -> float:
+        return float(-log_softmax(logits / np.exp(log_t), axis=1)[idx, y].mean())
+
+    res = minimize_scalar(loss, bounds=tuple(np.log(T_BOUNDS)), method="bounded", options={"xatol": 1e-5})
+    if not res.success:
+        raise RuntimeError(f"temperature scaling did not converge: {res.message}")
+    return float(np.exp(res.x)), ""

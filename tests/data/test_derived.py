@@ -1,0 +1,93 @@
+"""Derived (harmonised) task labels as registry data: mapping checks, task_rows / make_split, groups, coverage."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from retinabench.data.adapters import phantom as phantom_adapter
+from retinabench.data.adapters import tvhl as tvhl_adapter
+from retinabench.data.derived import (DeriveError, apply_derive, derive_map, harmonised_groups, transfer_groups,
+                                      unsupported_harmonised)
+from retinabench.data.splits import make_split, task_rows
+
+ANY_DR = {"name": "d_anydr", "dataset": "d", "label": "dr3", "classes": ["no", "yes"], "modality": "cfp",
+          "ordinal": False, "derive": {"no": ["none"], "yes": ["npdr", "pdr"]}, "harmonised": "any_dr"}
+
+
+def manifest(n_patients=120, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n_patients):
+        grade = rng.choice(["none", "npdr", "pdr"], p=[0.5, 0.3, 0.2])
+        for k in range(int(rng.integers(1, 3))):
+            rows.append({"image_id": f"p{p}_{k}", "patient_id": f"p{p}", "modality": "cfp", "dr3": grade})
+    rows += [{"image_id": "nolab", "patient_id": "p0", "modality": "cfp", "dr3": None},
+             {"image_id": "oct", "patient_id": "p1", "modality": "oct", "dr3": "pdr"}]
+    return pd.DataFrame(rows).astype({"dr3": "string"})
+
+
+def test_derive_maps_values_and_keeps_missing():
+    s = pd.Series(["none", "npdr", None, "pdr"], dtype="string")
+    assert apply_derive(s, ANY_DR).tolist() == ["no", "yes", pd.NA, "yes"]
+    assert apply_derive(s, {**ANY_DR, "derive": None}) is s
+
+
+@pytest.mark.parametrize("derive, msg", [
+    ({"no": ["none"], "maybe": ["npdr"]}, "not in classes"),
+    ({"no": ["none"]}, "no source values for classes"),
+    ({"no": ["none", "npdr"], "yes": ["npdr", "pdr"]}, "maps to both"),
+    ({"no": "none", "yes": ["pdr"]}, "non-empty list"),
+])
+def test_bad_derive_specs_fail_with_the_reason(derive, msg):
+    with pytest.raises(DeriveError, match=msg):
+        derive_map({**ANY_DR, "derive": derive})
+
+
+def test_unmapped_source_value_fails():
+    with pytest.raises(DeriveError, match=r"values \['severe'\] have no class"):
+        apply_derive(pd.Series(["none", "severe"]), ANY_DR)
+
+
+def test_task_rows_and_split_use_derived_labels():
+    m = manifest()
+    rows, unlabelled = task_rows(m, ANY_DR)
+    assert unlabelled == 1 and "oct" not in set(rows["image_id"])
+    assert set(rows["dr3"]) == {"no", "yes"}
+    assert (rows["dr3"] == "yes").sum() == m.loc[m["modality"].eq("cfp"), "dr3"].isin(["npdr", "pdr"]).sum()
+    assert set(m["dr3"].dropna()) == {"none", "npdr", "pdr"}  # the manifest itself is untouched
+    split = make_split(m, ANY_DR, seed=0)
+    truth = m.set_index("image_id")["dr3"].isin(["npdr", "pdr"]).astype(int)
+    assert (split["y"].to_numpy() == truth.loc[split["image_id"]].to_numpy()).all()
+    assert set(split["label"]) == {"no", "yes"}
+
+
+def test_registry_derivations_cover_the_adapters_codes(registries):
+    """Every value an adapter can write into the source column maps to a class of each derived task."""
+    values = {"phantom": {"dr3": set(phantom_adapter.LABELS["dr3"][2].values())},
+              "phantom_siteb": {"dr3": set(phantom_adapter.LABELS["dr3"][2].values())},
+              "tvhl": {"dr3": set(tvhl_adapter._DR.values())}}
+    derived = {n: t for n, t in registries.tasks.items() if t.get("derive")}
+    assert {"phantom_cfp_anydr", "tvhl_cfp_anydr", "tvhl_oct_anydr", "phantom_siteb_cfp_anydr"} <= set(derived)
+    for name, task in derived.items():
+        mapping = derive_map(task)
+        assert set(mapping) == values[task["dataset"]][task["label"]], name
+
+
+def test_harmonised_groups_and_errors(registries):
+    groups = harmonised_groups(registries.tasks)
+    assert groups["any_dr_cfp"] == ["phantom_cfp_anydr", "phantom_siteb_cfp_anydr", "tvhl_cfp_anydr"]
+    assert groups["gon_cfp"] == ["phantom_cfp_glaucoma", "phantom_siteb_cfp_glaucoma"]
+    assert "any_dr_oct" not in transfer_groups(registries.tasks)  # only TVHL has OCT any-DR
+    bad = {"a": {**ANY_DR, "dataset": "A"}, "b": {**ANY_DR, "dataset": "B", "classes": ["neg", "pos"]}}
+    with pytest.raises(DeriveError, match="different classes"):
+        harmonised_groups(bad)
+    with pytest.raises(DeriveError, match="several tasks"):
+        harmonised_groups({"a": ANY_DR, "b": ANY_DR})
+
+
+def test_unsupported_harmonised_tasks_are_recorded_never_silent(registries):
+    catalogue = {"referable_dr": {"not_supported": {"tvhl": "NPDR not split"}}, "gon": {}, "any_dr": {}}
+    tasks = {n: t for n, t in registries.tasks.items() if t["dataset"] == "tvhl"}
+    rows = unsupported_harmonised(catalogue, ["tvhl"], tasks).set_index("task")["reason"].to_dict()
+    assert rows == {"referable_dr": "NPDR not split", "gon": "no task entry in the task registry"}
+    with pytest.raises(DeriveError, match="also listed"):
+        unsupported_harmonised({"any_dr": {"not_supported": {"tvhl": "x"}}}, ["tvhl"], tasks)

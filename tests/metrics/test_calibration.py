@@ -1,0 +1,68 @@
+"""ECE on hand-computed cases, reliability bins, temperature scaling fitted on validation."""
+import numpy as np
+import pytest
+
+from retinabench.metrics import calibration as cal
+from retinabench.metrics.classification import expected_calibration_error
+
+
+def test_binary_ece_hand_case():
+    y = np.array([0, 1, 0, 1])
+    p = np.array([0.05, 0.15, 0.15, 0.95])
+    # bins: 0.05 -> (0, .1]; 0.15 x2 -> (.1, .2]; 0.95 -> (.9, 1]
+    # |0 - .05| * 1/4 + |.5 - .15| * 2/4 + |1 - .95| * 1/4 = .0125 + .175 + .0125
+    assert cal.binary_ece(y, p) == pytest.approx(0.2)
+    assert cal.ece(y, np.c_[1 - p, p]) == pytest.approx(0.2)
+
+
+def test_bin_edges_are_right_closed():
+    # 0.1 belongs to bin 0 ((0, .1]), 0.100001 to bin 1, 0 to bin 0, 1 to bin 9
+    b = cal.reliability_bins(np.array([1, 0, 0, 1]), np.c_[[0.9, 1 - 0.100001, 1.0, 0.0], [0.1, 0.100001, 0.0, 1.0]])
+    assert b.loc[0, "n"] == 2 and b.loc[1, "n"] == 1 and b.loc[9, "n"] == 1
+    assert b["n"].sum() == 4 and np.isnan(b.loc[5, "mean_prob"])
+    assert b.loc[0, "observed"] == pytest.approx(0.5)  # positives among {0.1 (y=1), 0.0 (y=0)}
+
+
+def test_multiclass_ece_is_top_label_and_matches_classification():
+    rng = np.random.default_rng(0)
+    proba = rng.dirichlet(np.ones(3), 200)
+    y = rng.integers(0, 3, 200)
+    assert cal.ece(y, proba) == pytest.approx(expected_calibration_error(y, proba))
+    # hand case: top-label confidences .6 (correct), .7 (wrong) -> bins 5 and 6: (.4 + .7) / 2
+    p = np.array([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1]])
+    assert cal.ece(np.array([0, 0]), p) == pytest.approx((0.4 + 0.7) / 2)
+
+
+def _overconfident(n, seed, scale=4.0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    true_logit = rng.normal(0, 1.5, n) + (2 * y - 1) * 0.8
+    y = (rng.uniform(size=n) < 1 / (1 + np.exp(-true_logit))).astype(int)
+    z = scale * true_logit  # scores with the right ranking but 4x too confident
+    p = 1 / (1 + np.exp(-z))
+    return y, np.c_[1 - p, p]
+
+
+def test_temperature_scaling_lowers_ece_of_an_overconfident_model():
+    yv, pv = _overconfident(2000, 0)
+    yt, pt = _overconfident(2000, 1)
+    t, note = cal.fit_temperature(yv, pv)
+    assert note == "" and 3.0 < t < 5.5  # recovers roughly the 4x overconfidence
+    after = cal.apply_temperature(pt, t)
+    assert cal.ece(yt, after) < 0.5 * cal.ece(yt, pt)
+    assert cal.nll(yt, after) < cal.nll(yt, pt)
+    assert np.array_equal(after.argmax(1), pt.argmax(1))  # scaling never changes the decision
+
+
+def test_temperature_below_one_for_an_underconfident_model():
+    yv, pv = _overconfident(2000, 2, scale=0.3)
+    t, _ = cal.fit_temperature(yv, pv)
+    assert t < 0.6
+
+
+def test_temperature_handles_hard_zeros_and_no_rows():
+    p = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # kNN-style hard votes
+    scaled = cal.apply_temperature(p, 2.0)
+    assert np.isfinite(scaled).all() and np.allclose(scaled.sum(1), 1)
+    assert cal.apply_temperature(p, 1.0) == pytest.approx(np.clip(p, 1e-7, 1) / np.clip(p, 1e-7, 1).sum(1, keepdims=True))
+    assert cal.fit_temperature(np.array([], int), np.empty((0, 2))) == (1.0, "no validation rows: T = 1")

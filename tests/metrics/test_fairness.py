@@ -1,0 +1,167 @@
+"""Subgroups, gap formulas on a hand case, minimum group sizes, planted subgroup differences, summary scores."""
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn import metrics as skm
+
+from retinabench.metrics.fairness import Attribute, assign_groups, gap_score, shift_scores, subgroup_analysis
+from retinabench.stats.bootstrap import make_rng
+
+SEX = Attribute(name="sex", column="sex", groups=("female", "male"), min_group_size=10)
+
+
+def test_assign_groups_cuts_and_exclusions():
+    df = pd.DataFrame({"age": [40, 55, 60, 61, 80, np.nan], "sex": ["female", "male", "x", None, "male", "female"]})
+    lab, info = assign_groups(df, Attribute(name="age", column="age", cut=60))
+    assert lab.tolist()[:5] == ["<60", "<60", ">=60", ">=60", ">=60"] and pd.isna(lab.iloc[5])
+    assert info["cut"] == 60 and info["excluded"] == {"age unknown": 1}
+    lab, info = assign_groups(df, Attribute(name="age_median", column="age", cut="median"))
+    assert info["cut"] == 60 and lab.tolist()[:2] == ["<median", "<median"]
+    lab, info = assign_groups(df, SEX)
+    assert lab.isna().tolist() == [False, False, True, True, False, False]
+    assert info["excluded"] == {"sex unknown": 1, "sex value 'x' not in ['female', 'male']": 1}
+    lab, info = assign_groups(df.assign(sex=None), SEX)
+    assert info["unavailable"] == "no sex values in these rows" and lab.isna().all()
+    with pytest.raises(KeyError, match="column 'site'"):
+        assign_groups(df, Attribute(name="site", column="site"))
+
+
+def _hand_case():
+    yA = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    pA = [1, 1, 1, 0, 0, 0, 0, 0, 0, 1]   # TP3 FN1 FP1 TN5: acc .8, TPR .75, FPR 1/6, PPR .4
+    yB = [1, 1, 1, 1, 1, 0, 0, 0, 0, 0]
+    pB = [1, 1, 0, 0, 0, 1, 1, 0, 0, 0]   # TP2 FN3 FP2 TN3: acc .5, TPR .4, FPR .4, PPR .4
+    y = np.array(yA + yB)
+    pred = np.array(pA + pB)
+    score = 0.25 + 0.5 * pred + np.linspace(0, 0.2, 20)
+    proba = np.c_[1 - score, score]
+    frame = pd.DataFrame({"sex": ["female"] * 10 + ["male"] * 10})
+    patients = np.array([f"p{i // 2}" for i in range(20)])  # two images per patient
+    return y, proba, pred, patients, frame
+
+
+def test_gap_formulas_on_a_hand_case():
+    y, proba, pred, patients, frame = _hand_case()
+    lab, info = assign_groups(frame, SEX)
+    groups, gaps = subgroup_analysis(y, proba, pred, patients, lab, SEX, info, n_boot=1000, rng=make_rng(0))
+    g = {r["metric"]: r for r in gaps}
+    assert g["accuracy"]["gap"] == pytest.approx(0.3) and g["accuracy"]["difference"] == pytest.approx(-0.3)
+    assert g["tpr"]["gap"] == pytest.approx(0.35)
+    assert g["fpr"]["gap"] == pytest.approx(0.4 - 1 / 6)
+    assert g["ppr"]["gap"] == pytest.approx(0.0)
+    assert g["equalized_odds"]["gap"] == pytest.approx(0.35)  # max(TPR gap, FPR gap)
+    auc_a = skm.roc_auc_score(y[:10], proba[:10, 1])
+    auc_b = skm.roc_auc_score(y[10:], proba[10:, 1])
+    assert g["auroc"]["gap"] == pytest.approx(abs(auc_a - auc_b))
+    assert (g["accuracy"]["group_a"], g["accuracy"]["group_b"]) == ("female", "male")
+    for r in gaps:
+        assert not r["skipped"] and r["ci_low"] <= r["gap"] + 1e-12 and r["n_valid"] > 800  # 10 patients: a few draws lack a class
+    per_group = {(r["group"], r["metric"]): r["value"] for r in groups}
+    assert per_group[("female", "accuracy")] == pytest.approx(0.8) and per_group[("male", "ppr")] == pytest.approx(0.4)
+
+
+def test_minimum_group_size_skips_with_the_reason():
+    y, proba, pred, patients, frame = _hand_case()
+    frame.loc[:6, "sex"] = "male"  # female keeps 3 rows
+    lab, info = assign_groups(frame, SEX)
+    _, gaps = subgroup_analysis(y, proba, pred, patients, lab, SEX, info, n_boot=1000, rng=make_rng(0))
+    assert all(r["skipped"] for r in gaps)
+    assert "group 'female' has 3 rows < minimum 10" in gaps[0]["reason"]
+    quality = Attribute(name="quality", column="sex", kind="quality", groups=("female", "male"), min_group_size=3)
+    _, gaps = subgroup_analysis(y, proba, pred, patients, lab, quality, info, n_boot=1000, rng=make_rng(0))
+    assert not any(r["skipped"] for r in gaps if r["metric"] in ("accuracy", "ppr"))
+
+
+def test_metric_needing_positives_is_skipped_per_metric():
+    y, proba, pred, patients, frame = _hand_case()
+    y = y.copy()
+    y[:10] = 0  # no positive women: TPR, AUROC and EO undefined there, accuracy still fine
+    lab, info = assign_groups(frame, SEX)
+    _, gaps = subgroup_analysis(y, proba, pred, patients, lab, SEX, info, n_boot=1000, rng=make_rng(0))
+    g = {r["metric"]: r for r in gaps}
+    assert g["tpr"]["skipped"] and "group 'female': no positive rows" in g["tpr"]["reason"]
+    assert g["auroc"]["skipped"] and g["equalized_odds"]["skipped"]
+    assert not g["accuracy"]["skipped"] and not g["fpr"]["skipped"]
+
+
+def phantom_like(n_patients=240, effect=0.0, seed=0):
+    """Patients with 1-4 images, sex and age per patient, a patient-level random effect; ``effect`` lowers the
+    model's signal for men only (the planted subgroup difference)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n_patients):
+        sex = "female" if rng.random() < 0.5 else "male"
+        age = float(rng.integers(40, 86))
+        u = rng.normal(0, 0.6)
+        for k in range(int(rng.integers(1, 5))):
+            y = int(rng.random() < 0.4)
+            signal = 2.5 - (effect if sex == "male" else 0.0)
+            z = signal * (2 * y - 1) + u + rng.normal(0, 1.0)
+            rows.append({"patient_id": f"P{p}", "sex": sex, "age": age, "y": y, "p": 1 / (1 + np.exp(-z))})
+    return pd.DataFrame(rows)
+
+
+def _gaps(df, attr):
+    proba = np.c_[1 - df["p"], df["p"]]
+    lab, info = assign_groups(df, attr)
+    _, gaps = subgroup_analysis(df["y"].to_numpy(), proba, proba.argmax(1), df["patient_id"].to_numpy(), lab, attr,
+                                info, n_boot=1000, rng=make_rng(7, attr.name))
+    return {r["metric"]: r for r in gaps}
+
+
+def test_planted_subgroup_difference_is_detected():
+    g = _gaps(phantom_like(effect=2.0), SEX)
+    assert g["accuracy"]["flagged"] and g["accuracy"]["diff_ci_high"] < 0  # men worse: CI of b - a below 0
+    assert g["equalized_odds"]["flagged"] and g["auroc"]["flagged"]
+    # age carries no planted difference in the same data
+    age = _gaps(phantom_like(effect=2.0), Attribute(name="age_median", column="age", cut="median"))
+    assert not age["accuracy"]["flagged"]
+
+
+def test_no_planted_difference_is_not_flagged():
+    g = _gaps(phantom_like(effect=0.0), SEX)
+    for metric in ("accuracy", "tpr", "fpr", "auroc", "equalized_odds", "ppr"):
+        assert not g[metric]["flagged"], (metric, g[metric])
+        if metric != "equalized_odds":
+            assert g[metric]["diff_ci_low"] <= 0 <= g[metric]["diff_ci_high"]
+
+
+def test_gap_score_formula_hand_case():
+    gaps = pd.DataFrame([
+        {"kind": "fairness", "attribute": "sex", "metric": "equalized_odds", "gap": 0.35, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "sex", "metric": "accuracy", "gap": 0.30, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "sex", "metric": "auroc", "gap": 0.10, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "sex", "metric": "tpr", "gap": 0.90, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "age_median", "metric": "equalized_odds", "gap": 0.20, "skipped": False,
+         "reason": ""},
+        {"kind": "fairness", "attribute": "age_median", "metric": "accuracy", "gap": np.nan, "skipped": True,
+         "reason": "small"},
+        {"kind": "fairness", "attribute": "age", "metric": "accuracy", "gap": 0.99, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "equalized_odds", "gap": 0.5, "skipped": False,
+         "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "accuracy", "gap": 0.1, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "auroc_macro", "gap": 0.3, "skipped": False,
+         "reason": ""},
+    ])
+    fair = gap_score(gaps, ["age_median", "sex"], "fairness")
+    assert fair["value"] == pytest.approx(1 - (0.35 + 0.30 + 0.10 + 0.20) / 4) and fair["n_components"] == 4
+    assert "age_median:accuracy skipped (small)" in fair["reason"]
+    assert gap_score(gaps, None, "quality")["value"] == pytest.approx(1 - 0.3)
+    none = gap_score(gaps[gaps["attribute"] == "nothing"], ["sex"], "fairness")
+    assert np.isnan(none["value"]) and none["reason"]
+
+
+def test_shift_score_hand_case():
+    tasks = {"a_any": {"dataset": "A", "modality": "cfp", "classes": ["no", "yes"], "harmonised": "any_dr"},
+             "b_any": {"dataset": "B", "modality": "cfp", "classes": ["no", "yes"], "harmonised": "any_dr"},
+             "c_gon": {"dataset": "C", "modality": "cfp", "classes": ["no", "yes"], "harmonised": "gon"}}
+    m = pd.DataFrame([
+        {"encoder": "e", "dataset": "A", "task": "a_any", "metric": "auroc", "value": 0.8},
+        {"encoder": "e", "dataset": "A", "task": "a_any", "metric": "auroc", "value": 0.9},
+        {"encoder": "e", "dataset": "B", "task": "b_any", "metric": "auroc", "value": 0.7},
+        {"encoder": "e", "dataset": "B", "task": "b_any", "metric": "accuracy", "value": 0.1},
+        {"encoder": "e", "dataset": "C", "task": "c_gon", "metric": "auroc", "value": 0.7},
+    ])
+    out = shift_scores(m, tasks, keys=["encoder"]).set_index("group")
+    assert out.loc["any_dr_cfp", "value"] == pytest.approx(1 - (0.85 - 0.7))
+    assert np.isnan(out.loc["gon_cfp", "value"]) and "needs >= 2 datasets" in out.loc["gon_cfp", "reason"]

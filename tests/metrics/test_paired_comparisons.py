@@ -1,0 +1,90 @@
+"""Paired model-vs-model bootstrap: alignment by image id, patient resampling, p-values, BH per metric family."""
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import false_discovery_control
+
+from retinabench.stages_reliability import comparison_pairs, paired_comparisons, reliability_settings
+
+TASKS = {t: {"name": t, "dataset": "d", "modality": m, "classes": ["no", "yes"], "harmonised": None}
+         for t, m in (("t_cfp", "cfp"), ("t_oct", "oct"))}
+
+
+def world(n_patients=150, seed=0):
+    rng = np.random.default_rng(seed)
+    man, preds = [], []
+    for task in TASKS:
+        for p in range(n_patients):
+            for k in range(int(rng.integers(1, 4))):
+                iid = f"{task}_P{p}_{k}"
+                y = int(rng.random() < 0.4)
+                man.append({"dataset": "d", "image_id": iid, "patient_id": f"P{p}"})
+                noise = rng.normal(0, 1)
+                # 'good' separates the classes well, 'weak' poorly; 'twin' predicts exactly like 'weak'
+                for enc, strength in (("weak", 0.5), ("good", 2.0), ("twin", 0.5)):
+                    for seed_ in ((0,) if enc != "good" else (0, 1)):
+                        z = strength * (2 * y - 1) + noise + 0.05 * seed_
+                        q = 1 / (1 + np.exp(-z))
+                        preds.append({"image_id": iid, "dataset": "d", "task": task, "encoder": enc,
+                                      "protocol": "logreg", "seed": seed_, "regime": "u-u", "split": "test",
+                                      "y_true": y, "y_pred": int(q > 0.5), "p_no": 1 - q, "p_yes": q,
+                                      "source": "frozen", "train_task": task, "train_dataset": "d"})
+    return pd.DataFrame(preds), pd.DataFrame(man)
+
+
+@pytest.fixture(scope="module")
+def compared():
+    preds, man = world()
+    comp, dom = paired_comparisons(preds, man, TASKS, reliability_settings({}), ["weak", "good", "twin"])
+    return preds, comp, dom
+
+
+def test_default_pairs_are_all_encoder_pairs_within_a_protocol(compared):
+    preds, comp, _ = compared
+    pairs = {(r["encoder_a"], r["encoder_b"]) for r in comp.to_dict("records")}
+    assert pairs == {("weak", "good"), ("weak", "twin"), ("good", "twin")}
+    explicit = reliability_settings({"reliability": {"paired": {"pairs": [
+        {"a": {"encoder": "weak", "protocol": "logreg"}, "b": {"encoder": "good", "protocol": "logreg"}}]}}})
+    assert len(comparison_pairs(preds, explicit, [])) == 1
+    bad = reliability_settings({"reliability": {"paired": {"pairs": [{"a": {"encoder": "weak"}, "b": {}}]}}})
+    with pytest.raises(KeyError, match="keys must be encoder, protocol"):
+        comparison_pairs(preds, bad, [])
+
+
+def test_planted_improvement_is_significant_and_identical_models_are_not(compared):
+    _, comp, _ = compared
+    better = comp[(comp["encoder_a"] == "weak") & (comp["encoder_b"] == "good") & (comp["metric"] == "auroc")]
+    assert (better["delta"] > 0.1).all() and (better["ci_low"] > 0).all() and (better["p_value"] < 0.01).all()
+    assert (better["n_seeds_b"] == 2).all() and (better["n_boot"] == 1000).all()
+    same = comp[(comp["encoder_a"] == "weak") & (comp["encoder_b"] == "twin")]
+    assert (same["delta"] == 0).all() and (same["ci_low"] == 0).all() and (same["p_value"] == 1).all()
+
+
+def test_bh_within_each_metric_family(compared):
+    _, comp, _ = compared
+    for fam, g in comp.groupby("metric_family"):
+        assert len(g) == 6  # 3 pairs x 2 tasks
+        assert g["p_bh"].to_numpy() == pytest.approx(false_discovery_control(g["p_value"].to_numpy(), method="bh"))
+
+
+def test_domain_level_summaries(compared):
+    _, comp, dom = compared
+    auroc = dom[(dom["encoder_a"] == "weak") & (dom["encoder_b"] == "good") & (dom["metric_family"] == "auroc")]
+    assert set(auroc["domain"]) == {"cfp", "oct", "all"}
+    row = auroc[auroc["domain"] == "all"].iloc[0]
+    per = comp[(comp["encoder_a"] == "weak") & (comp["encoder_b"] == "good") & (comp["metric"] == "auroc")]
+    assert row["delta"] == pytest.approx(per["delta"].mean()) and row["n_comparisons"] == 2
+    assert row["ci_low"] > 0 and dom["p_bh"].notna().all()
+
+
+def test_alignment_by_image_id_counts_unaligned_rows():
+    preds, man = world(n_patients=40)
+    drop = preds[(preds["encoder"] == "good") & (preds["task"] == "t_cfp") & (preds["seed"] == 0)].index[:5]
+    comp, _ = paired_comparisons(preds.drop(index=drop), man, TASKS, reliability_settings({}), ["weak", "good"])
+    row = comp[(comp["encoder_a"] == "weak") & (comp["encoder_b"] == "good") & (comp["task"] == "t_cfp")].iloc[0]
+    n_all = (preds["task"] == "t_cfp").sum() // 4
+    assert row["n_unaligned"] == 5 and row["n_images"] == n_all - 5
+    bad = preds.copy()
+    bad.loc[(bad["encoder"] == "twin"), "y_true"] = 1 - bad.loc[(bad["encoder"] == "twin"), "y_true"]
+    with pytest.raises(ValueError, match="y_true disagree"):
+        paired_comparisons(bad, man, TASKS, reliability_settings({}), ["weak", "twin"])

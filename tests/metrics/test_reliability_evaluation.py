@@ -1,0 +1,163 @@
+"""The per-predictions-table evaluation: thresholds carried from validation, calibration, subgroups, coverage."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from retinabench.metrics.thresholds import choose_threshold
+from retinabench.stages_reliability import (KINDS, evaluate_predictions, reliability_settings, summary_scores,
+                                            table_columns)
+
+TASK = {"name": "d_bin", "dataset": "d", "label": "lab", "classes": ["no", "yes"], "modality": "cfp",
+        "ordinal": False}
+TASK3 = {"name": "d_tri", "dataset": "d", "label": "g", "classes": ["a", "b", "c"], "modality": "cfp",
+         "ordinal": True}
+
+
+def world(n_patients=160, seed=0, with_attributes=True):
+    """Manifest + split + predictions of one overconfident binary model (two seeds, one regime)."""
+    rng = np.random.default_rng(seed)
+    m, pred_rows = [], []
+    for p in range(n_patients):
+        part = "val" if p % 2 else "test"
+        sex = "female" if rng.random() < 0.5 else "male"
+        age = float(rng.integers(40, 86))
+        for k in range(int(rng.integers(1, 3))):
+            iid = f"P{p}_{k}"
+            y = int(rng.random() < 0.4)
+            m.append({"image_id": iid, "dataset": "d", "modality": "cfp", "patient_id": f"P{p}",
+                      "age": age if with_attributes else np.nan, "sex": sex if with_attributes else None,
+                      "quality": ("poor" if rng.random() < 0.2 else "good") if with_attributes else None,
+                      "site": "A", "lab": ["no", "yes"][y], "split": part})
+            z = 3.0 * ((2 * y - 1) * 0.8 + rng.normal(0, 1.2)) + 1.0  # overconfident and biased upwards
+            for seed_ in (0, 1):
+                q = 1 / (1 + np.exp(-(z + 0.1 * seed_)))
+                pred_rows.append({"image_id": iid, "dataset": "d", "task": "d_bin", "encoder": "e", "protocol": "linear",
+                                  "seed": seed_, "regime": "u-u", "split": part, "y_true": y, "y_pred": int(q > 0.5),
+                                  "p_no": 1 - q, "p_yes": q})
+    manifest = pd.DataFrame(m)
+    split = manifest.assign(task="d_bin", label=manifest["lab"], y=(manifest["lab"] == "yes").astype(int),
+                            balanced=False)[["image_id", "patient_id", "dataset", "task", "label", "y", "split"]]
+    excl = pd.DataFrame([{"dataset": "d", "source": "x", "image_id": "gone", "scope": "image", "reason": "missing file"}])
+    return manifest, excl, {"d_bin": split}, pd.DataFrame(pred_rows)
+
+
+@pytest.fixture(scope="module")
+def evaluated():
+    manifest, excl, splits, preds = world()
+    settings = reliability_settings({})
+    return manifest, preds, evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, settings,
+                                                 source="frozen")
+
+
+def test_tables_have_fixed_columns(evaluated):
+    _, _, out = evaluated
+    assert set(out) == set(KINDS)
+    for kind in KINDS:
+        if kind != "coverage":
+            assert list(out[kind].columns) == table_columns(kind), kind
+
+
+def test_validation_threshold_is_carried_unchanged_to_test(evaluated):
+    _, preds, out = evaluated
+    thr = out["thresholds"]
+    for seed in (0, 1):
+        val = preds[(preds["split"] == "val") & (preds["seed"] == seed)]
+        t, _ = choose_threshold(val["y_true"], val["p_yes"], "youden")
+        row = thr[(thr["seed"] == seed) & (thr["threshold"] == "youden")]
+        assert row["value"].item() == pytest.approx(t)
+        test = preds[(preds["split"] == "test") & (preds["seed"] == seed)]
+        acc = ((test["p_yes"] >= t).astype(int) == test["y_true"]).mean()
+        m = out["metrics"]
+        got = m[(m["seed"] == seed) & (m["threshold"] == "youden") & (m["metric"] == "accuracy")]["value"].item()
+        assert got == pytest.approx(acc)
+    # test probabilities do not move the threshold: change them and re-evaluate
+    manifest, excl, splits, preds2 = world()
+    preds2.loc[preds2["split"] == "test", "p_yes"] = 0.99
+    preds2["p_no"] = 1 - preds2["p_yes"]
+    out2 = evaluate_predictions(preds2, manifest, excl, splits, {"d_bin": TASK}, reliability_settings({}),
+                                source="frozen")
+    pd.testing.assert_series_equal(out2["thresholds"]["value"], thr["value"])
+
+
+def test_temperature_scaling_fitted_on_validation_lowers_test_ece(evaluated):
+    _, _, out = evaluated
+    cal = out["calibration"]
+    assert (cal["temperature"] > 1.5).all()  # the model is overconfident
+    assert (cal["ece_after"] < cal["ece_before"]).all() and (cal["nll_after"] < cal["nll_before"]).all()
+    bins = out["bins"]
+    assert set(bins["calibration"]) == {"before", "after"}
+    assert (bins.groupby(["seed", "calibration"])["n"].sum() == cal["n"].iloc[0]).all()
+
+
+def test_metrics_report_effective_n_and_ci(evaluated):
+    _, preds, out = evaluated
+    m = out["metrics"]
+    n_test = (preds["split"] == "test").sum() // 2
+    assert (m["n"] == n_test).all() and (m["n_patients"] == 80).all() and (m["n_boot"] == 1000).all()
+    free = m[m["threshold"] == "none"]
+    assert set(free["metric"]) == {"auroc", "auprc", "ece"}
+    assert set(m.loc[m["threshold"] == "argmax", "metric"]) == {"accuracy", "f1", "ppr", "tpr", "fpr"}
+    assert ((m["ci_low"] <= m["value"] + 1e-12) & (m["value"] <= m["ci_high"] + 1e-12)).all()
+
+
+def test_subgroups_gaps_and_coverage(evaluated):
+    _, _, out = evaluated
+    gaps = out["gaps"]
+    assert set(gaps["attribute"]) == {"age_median", "age", "sex", "quality"}
+    sex = gaps[(gaps["attribute"] == "sex") & (gaps["threshold"] == "argmax")]
+    assert (~sex["skipped"]).all() and sex["ci_low"].notna().all()
+    cov = out["coverage"]
+    assert {"test", "split", "images"} <= set(cov["scope"])
+    assert cov.loc[cov["scope"] == "images", "reason"].str.contains("missing file").all()
+    sub = out["subgroups"]
+    assert set(sub.loc[sub["attribute"] == "sex", "group"]) == {"female", "male"}
+
+
+def test_dataset_without_age_or_sex_is_skipped_with_the_reason_never_silently():
+    manifest, excl, splits, preds = world(with_attributes=False)
+    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, reliability_settings({}),
+                               source="frozen")
+    gaps = out["gaps"]
+    assert gaps["skipped"].all()
+    assert set(gaps.loc[gaps["attribute"] == "sex", "reason"]) == {"no sex values in these rows"}
+    cov = out["coverage"]
+    skipped = cov[(cov["status"] == "skipped") & cov["scope"].str.startswith("attribute:")]
+    assert set(skipped["scope"]) == {"attribute:age_median", "attribute:age", "attribute:sex", "attribute:quality"}
+    scores = summary_scores(gaps, out["metrics"], {"d_bin": TASK}, reliability_settings({}))
+    fair = scores[scores["score"] == "fairness"]
+    assert fair["value"].isna().all() and fair["reason"].str.contains("no sex values").all()
+
+
+def test_multiclass_uses_argmax_only_and_top_label_ece():
+    manifest, excl, splits, preds = world(n_patients=80)
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, len(preds))
+    p = rng.dirichlet(np.ones(3), len(preds)) + np.eye(3)[y]
+    p /= p.sum(1, keepdims=True)
+    preds = preds.drop(columns=["p_no", "p_yes"]).assign(task="d_tri", y_true=y, y_pred=p.argmax(1),
+                                                         p_a=p[:, 0], p_b=p[:, 1], p_c=p[:, 2])
+    out = evaluate_predictions(preds, manifest, excl, {}, {"d_tri": TASK3}, reliability_settings({}), source="frozen")
+    assert set(out["thresholds"]["threshold"]) == {"argmax"}
+    assert set(out["calibration"]["ece_kind"]) == {"top-label"}
+    assert {"auroc_macro", "ece_top_label", "f1_macro"} <= set(out["metrics"]["metric"])
+    ppr = out["gaps"][out["gaps"]["metric"] == "ppr"]
+    assert ppr["skipped"].all() and ppr["reason"].str.contains("binary tasks only").all()
+    cov = out["coverage"]
+    assert cov.loc[cov["scope"] == "threshold", "reason"].str.contains("argmax only").all()
+
+
+def test_missing_columns_and_unknown_images_fail_by_name():
+    manifest, excl, splits, preds = world(n_patients=20)
+    with pytest.raises(KeyError, match=r"lack columns \['regime'\]"):
+        evaluate_predictions(preds.drop(columns="regime"), manifest, excl, splits, {"d_bin": TASK},
+                             reliability_settings({}), source="frozen")
+    with pytest.raises(KeyError, match=r"lack probability columns \['p_yes'\]"):
+        evaluate_predictions(preds.drop(columns="p_yes"), manifest, excl, splits, {"d_bin": TASK},
+                             reliability_settings({}), source="frozen")
+    with pytest.raises(KeyError, match="not in the manifest"):
+        evaluate_predictions(preds, manifest.iloc[1:], excl, splits, {"d_bin": TASK}, reliability_settings({}),
+                             source="frozen")
+    with pytest.raises(KeyError, match="unknown key"):
+        reliability_settings({"reliability": {"bootstrap": {"n_resamples": 10}}})
+    with pytest.raises(ValueError, match=">= 1000"):
+        reliability_settings({"reliability": {"bootstrap": {"n_boot": 100}}})

@@ -1,0 +1,125 @@
+"""Which analysis families a config produces (no empty placeholders) and what each job is given."""
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from retinabench.stages_analysis import (ANALYSIS_DEFAULTS, FAMILIES, AnalysisContext, analysis_outputs,
+                                         analysis_settings, family_inputs)
+from retinabench.workflow_plan import plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_config(*overrides: dict) -> dict:
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for o in overrides:
+        config.update(copy.deepcopy(o))
+    for key in ("datasets", "tasks", "encoders"):
+        config["registries"][key] = str(REPO / config["registries"][key])
+    return config
+
+
+def families(config: dict) -> dict:
+    p = plan(config)
+    ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    return analysis_outputs(ctx, "R")
+
+
+def test_config_yaml_documents_the_defaults():
+    assert yaml.safe_load((REPO / "config/config.yaml").read_text())["analysis"] == ANALYSIS_DEFAULTS
+
+
+def test_phantom_demo_families():
+    out = families(load_config())
+    assert set(out) == {"ranks", "rank_figures", "tables", "cd", "protocol_heatmap", "agreement", "distance",
+                        "subsets", "top_k"}
+    assert out["rank_figures"]["png"] == "R/figures/rank_distribution.png"
+    assert out["rank_figures"]["pdf_auroc"] == "R/figures/rank_distribution_auroc.pdf"
+    assert set(out["cd"]) >= {"friedman", "nemenyi", "png", "pdf", "png_balanced_accuracy", "png_auroc"}
+    # phantom: one low-risk dataset nobody saw -> re-ranking would change nothing -> no leakage figure
+    assert "leakage" not in out and "ft_lp" not in out and "fairness" not in out and "sensitivity" not in out
+
+
+def test_two_encoders_have_no_rank_tests():
+    out = families(load_config({"encoders": ["efficientnet_lite0_in1k", "vit_tiny_random"]}))
+    assert "cd" not in out and "agreement" not in out
+    assert "distance" in out and "protocol_heatmap" in out
+
+
+def test_tvhl_like_config_has_no_top_k_after_excluding_its_high_risk_dataset():
+    out = families(load_config({"datasets": ["tvhl"], "encoders": ["efficientnet_lite0_in1k", "resnet18_random"]}))
+    assert "top_k" not in out and "leakage" not in out and "cd" not in out
+    assert {"ranks", "rank_figures", "tables", "protocol_heatmap", "distance", "subsets"} <= set(out)
+
+
+def test_single_protocol_single_regime_keeps_only_what_is_defined():
+    out = families(load_config({"protocols": ["knn"], "regimes": ["u-u"], "analysis": ANALYSIS_DEFAULTS |
+                                {"protocol": None}}))
+    assert "protocol_heatmap" not in out and "agreement" not in out
+    assert set(out["distance"]) == {"table", "kruskal", "png_subsets", "pdf_subsets"}
+
+
+def test_future_inputs_switch_their_families_on():
+    ctx = AnalysisContext(encoders={e: {"domain": "natural", "method": "m", "exposure": [], "params_m": 1.0}
+                                    for e in "abc"},
+                          tasks={"t1": {"dataset": "d", "modality": "cfp", "family": "x"}},
+                          datasets={"d": {"web_exposure_risk": "low"}}, protocols=["knn", "linear", "finetune"],
+                          regimes=["u-u"], ranking={"metric": "accuracy", "regime": "u-u"},
+                          settings=ANALYSIS_DEFAULTS | {"subgroup_metrics": "subgroups/metrics.parquet"},
+                          lr_source="lr/metrics.parquet")
+    out = analysis_outputs(ctx, "R")
+    assert {"ft_lp", "fairness", "sensitivity"} <= set(out)
+    assert family_inputs("fairness", "R", ctx) == {"subgroups": "R/subgroups/metrics.parquet"}
+    assert family_inputs("sensitivity", "R", ctx)["lr_sweep"] == "R/lr/metrics.parquet"
+
+
+def test_fine_tuning_joins_the_rankings_only_with_full_coverage():
+    full = {"finetune": {"enabled": True, "protocols": ["finetune", "linear_aug"], "encoders": None,
+                         "tasks": None, "regimes": None}}
+    config = load_config(full)
+    p = plan(config)
+    ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    assert ctx.protocols == ["knn", "linear", "logreg", "finetune", "linear_aug"]
+    out = analysis_outputs(ctx, "R")
+    assert "ft_lp" in out and "sensitivity" in out  # the sweep is on by default with fine-tuning
+    assert family_inputs("sensitivity", "R", ctx)["lr_sweep"] == "R/sweep/lr_sensitivity.parquet"
+    subset = load_config({"finetune": full["finetune"] | {"encoders": ["efficientnet_lite0_in1k"]},
+                          "sweep": {"enabled": False}})
+    p = plan(subset)
+    ctx = AnalysisContext.from_config(subset, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    assert ctx.protocols == ["knn", "linear", "logreg"] and ctx.ft_protocols == ["finetune", "linear_aug"]
+    out = analysis_outputs(ctx, "R")
+    assert "ft_lp" in out and "sensitivity" not in out
+    one_swept = load_config({"finetune": full["finetune"] | {"encoders": ["efficientnet_lite0_in1k"]}})
+    p = plan(one_swept)
+    ctx = AnalysisContext.from_config(one_swept, p.registries, encoders=p.encoders, tasks=p.tasks,
+                                      datasets=p.datasets)
+    assert set(analysis_outputs(ctx, "R")["sensitivity"]) == {"table", "png", "pdf"}  # one encoder: no ranks
+    only_bb = load_config({"finetune": full["finetune"] | {"regimes": ["b-b"]}})
+    p = plan(only_bb)
+    ctx = AnalysisContext.from_config(only_bb, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    assert "ft_lp" not in analysis_outputs(ctx, "R")  # no fine-tuning rows in the primary regime u-u
+
+
+def test_settings_errors_name_the_key():
+    with pytest.raises(KeyError, match="unknown key.*'alhpa'"):
+        analysis_settings({"analysis": {"alhpa": 0.1}})
+    with pytest.raises(ValueError, match="analysis.protocol 'linear' is not among"):
+        families(load_config({"protocols": ["knn"]}))
+
+
+def test_each_job_gets_only_what_its_family_reads():
+    config = load_config()
+    p = plan(config)
+    ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    cd = ctx.params_for("cd")
+    assert set(cd["settings"]) == {"alternative_metrics", "alpha"} and "tasks" not in cd
+    assert set(next(iter(cd["encoders"].values()))) == {"domain"}
+    assert "alpha" not in ctx.params_for("subsets")["settings"]
+    restored = AnalysisContext.from_params(ctx.params_for("subsets"))
+    with pytest.raises(KeyError, match="'top_k' was not passed to this job"):
+        restored.settings["top_k"]
+    assert set(FAMILIES) == {"ranks", "rank_figures", "tables", "cd", "protocol_heatmap", "agreement", "distance",
+                             "subsets", "leakage", "top_k", "ft_lp", "fairness", "sensitivity"}

@@ -1,0 +1,132 @@
+"""The fine-tuning layer end to end: a temp copy of the workflow with fine-tuning and the sweep enabled on a tiny
+phantom config (two micro random-init encoders at 32 px), then what a sweep edit reruns."""
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from retinabench.protocols.sweep import SENSITIVITY_COLUMNS, choose_lr
+from retinabench.schemas import read_table
+
+pytestmark = pytest.mark.slow
+
+MICRO = {
+    "vit_micro_random": {"source": "timm", "architecture": "test_vit", "init": "random", "domain": "none",
+                         "method": "random initialisation", "exposure": [], "params_m": 0.3, "input_size": 32,
+                         "normalization": "imagenet", "pooling": "cls", "size_class": "tiny"},
+    "resnet_micro_random": {"source": "timm", "architecture": "test_resnet", "init": "random", "domain": "none",
+                            "method": "random initialisation", "exposure": [], "params_m": 0.4, "input_size": 32,
+                            "normalization": "imagenet", "pooling": "avg", "size_class": "tiny"},
+}
+FT_TINY = {
+    "datasets": ["phantom"],
+    "phantom": {"n_patients": 60, "seed": 0, "image_size": 256},
+    "image_cache": {"size": 64, "resize": "squash"},
+    "encoders": list(MICRO),
+    "seeds": [0],
+    "regimes": ["u-u", "u-b"],
+    "linear": {"epochs": 3, "steps_per_epoch": 5, "batch_size": 32, "lr": 0.001, "weight_decay": 0.0001,
+               "warmup_frac": 0.1},
+    "finetune": {"enabled": True, "tasks": ["phantom_oct_dme"], "epochs": 2, "steps_per_epoch": 2, "batch_size": 8,
+                 "eval_batch_size": 64, "checkpoint_every": 1, "threads": 1},
+    "sweep": {"task": "phantom_oct_dme", "sensitivity_task": "phantom_cfp_glaucoma",
+              "lr_classifier": [1.0e-3, 1.0e-1], "lr_encoder": [1.0e-4, 1.0e-2]},
+}
+R = "results"
+
+
+def targets():
+    ft = [f"{R}/predictions/{p}/{e}/phantom_oct_dme.parquet" for p in ("finetune", "linear_aug") for e in MICRO]
+    return [f"{R}/metrics.parquet", f"{R}/compute/finetune.parquet", f"{R}/sweep/lr_sweep_metrics.parquet",
+            f"{R}/sweep/lr_sensitivity.parquet", *ft]
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    if "Job stats:" not in stdout:
+        return {}
+    counts = {}
+    for ln in stdout.split("Job stats:")[1].splitlines()[3:]:  # the table: header, rule, dashes, then rows
+        if not ln.strip():
+            break
+        name, n = ln.split()
+        counts[name] = int(n)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def ft_workflow(tmp_path_factory, make_workflow_copy, run_snakemake):
+    work = make_workflow_copy(tmp_path_factory.mktemp("ftwf") / "repo", FT_TINY)
+    reg = work / "config/encoders.yaml"
+    reg.write_text(reg.read_text() + "\n" + yaml.safe_dump(MICRO))
+    run_snakemake(work, "--printshellcmds", *targets())  # a flag first: --configfile would eat the targets
+    return work
+
+
+def test_runs_to_completion_with_both_protocols(ft_workflow):
+    r = ft_workflow / R
+    metrics = read_table(r / "metrics.parquet", "metrics")
+    ft = metrics[metrics["protocol"].isin(["finetune", "linear_aug"])]
+    assert set(ft["protocol"]) == {"finetune", "linear_aug"} and set(ft["encoder"]) == set(MICRO)
+    assert set(ft["regime"]) == {"u-u", "u-b"} and set(ft["task"]) == {"phantom_oct_dme"}
+    assert {"knn", "linear", "logreg"} <= set(metrics["protocol"])
+    compute = pd.read_parquet(r / "compute/finetune.parquet")
+    assert len(compute) == 2 * 2 and (compute["seconds_per_step"] > 0).all() and (compute["peak_mem_mb"] > 0).all()
+    log = read_table(r / "training_logs/finetune/vit_micro_random/phantom_oct_dme/seed0.parquet", "training_log")
+    assert len(log) == 2
+    preds = read_table(r / "predictions/linear_aug/resnet_micro_random/phantom_oct_dme.parquet", "predictions")
+    assert {"p_no", "p_yes"} <= set(preds.columns)
+    assert not [p for p in (r / "checkpoints").rglob("*") if p.is_file()]  # removed once the outputs exist
+    sidecar = json.loads((r / "predictions/finetune/vit_micro_random/phantom_oct_dme/seed0.parquet.prov.json")
+                         .read_text())
+    assert f"{R}/sweep/vit_micro_random/chosen.json" in [i["path"] for i in sidecar["inputs"]]
+
+
+def test_sweep_picks_the_lowest_validation_loss(ft_workflow):
+    r = ft_workflow / R
+    for enc in MICRO:
+        chosen = json.loads((r / f"sweep/{enc}/chosen.json").read_text())
+        runs1 = pd.read_parquet(r / f"sweep/{enc}/phantom_oct_dme/stage1_runs.parquet")
+        runs2 = pd.read_parquet(r / f"sweep/{enc}/phantom_oct_dme/stage2_runs.parquet")
+        per_lr = runs1.groupby("lr")["best_val_loss"].mean()
+        assert chosen["lr_classifier"] == per_lr[per_lr == per_lr.min()].index.min()
+        assert set(runs2["lr_classifier"]) == {chosen["lr_classifier"]}
+        assert chosen["lr_encoder"] == choose_lr(runs2)[0]
+        compute = pd.read_parquet(r / f"compute/finetune/{enc}/phantom_oct_dme/seed0.parquet")
+        assert compute["lr_classifier"].tolist() == [chosen["lr_classifier"]]
+    sens = pd.read_parquet(r / "sweep/lr_sensitivity.parquet")
+    assert list(sens.columns) == SENSITIVITY_COLUMNS
+    assert set(sens["task"]) == {"phantom_oct_dme", "phantom_cfp_glaucoma"} and set(sens["encoder"]) == set(MICRO)
+    sweep = pd.read_parquet(r / "sweep/lr_sweep_metrics.parquet")
+    assert {"lr", "lr_name", "stage"} <= set(sweep.columns) and set(sweep["split"]) == {"val", "test"}
+
+
+def test_editing_one_encoders_sweep_reruns_its_sweep_and_finetuning_only(ft_workflow, tmp_path, run_snakemake):
+    again = run_snakemake(ft_workflow, "-n", *targets())
+    assert "Nothing to be done" in again.stdout + again.stderr
+    work = tmp_path / "repo"
+    shutil.copytree(ft_workflow, work, symlinks=True)
+
+    def plan():
+        changed = {p for p in run_snakemake(work, "--list-changes", "params").stdout.split() if p.endswith(".parquet")}
+        return changed, Counter(job_counts(run_snakemake(work, "-n", *targets()).stdout))
+
+    # Baseline right before the edit: empty, unless package code changed since the run (shared checkouts).
+    changed0, jobs0 = plan()
+    cfg_path = work / "config/tiny.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["sweep"]["encoders"] = {"vit_micro_random": {"lr_encoder": [1.0e-4, 1.0e-3]}}
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    changed, jobs = plan()
+    # Snakemake names one output per job whose params changed: the stage-2 sweep jobs of vit_micro, both tasks.
+    new = changed - changed0
+    assert {(str(Path(p).parent), Path(p).name.split("_")[0]) for p in new} == {
+        (f"{R}/sweep/vit_micro_random/{t}", "stage2") for t in ("phantom_oct_dme", "phantom_cfp_glaucoma")}, new
+    jobs = dict(jobs - jobs0)
+    assert jobs.pop("sweep_finetune") == 2 and jobs.pop("sweep_choose") == 1 and jobs.pop("sweep_sensitivity") == 1
+    assert jobs.pop("finetune") == 2 and jobs.pop("finetune_predictions") == 2  # vit_micro × 2 protocols
+    assert jobs.pop("sweep_collect") == 1 and jobs.pop("finetune_compute") == 1 and jobs.pop("collect_metrics") == 1
+    assert jobs.pop("total") == 11 and jobs == {}, jobs  # nothing of resnet_micro, no frozen / features job

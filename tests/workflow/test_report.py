@@ -1,0 +1,191 @@
+"""The analysis layer inside the workflow: the HTML report (every figure with its caption and section),
+Snakemake's change detection for analysis rules, and a figure's provenance chain. Runs on the session's tiny
+phantom workflow (tests/workflow/conftest.py); tests that change anything work on a copy."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from retinabench.schemas import read_table, write_table
+from retinabench.stages_analysis import AnalysisContext, analysis_outputs
+from retinabench.workflow_plan import plan
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+REPORT_DIR = REPO / "workflow" / "report"
+# Tables shown in the report, and the caption each uses (figures use the caption named like the figure).
+TABLE_CAPTIONS = {"ranking_csv": "ranking_table", "appendix_csv": "appendix_table"}
+SECTIONS = {"rank_distribution": "1. Ranking", "cd_diagram": "1. Ranking", "ranking_table": "1. Ranking",
+            "appendix_table": "1. Ranking", "protocol_rank_heatmap": "2. Protocols",
+            "spearman_protocols": "2. Protocols", "spearman_regimes": "2. Protocols", "srd_protocols": "2. Protocols",
+            "ft_lp_gap": "2. Protocols", "srd_subsets": "3. Subsets", "subset_ranks": "3. Subsets",
+            "leakage_rank_change": "4. Leakage", "top_k": "4. Leakage", "subgroup_accuracy": "5. Fairness",
+            "lr_sensitivity": "6. Sensitivity", "srd_lr": "6. Sensitivity"}
+
+
+def workflow_config(workdir: Path) -> dict:
+    config = {}
+    for f in ("config/config.yaml", "config/tiny.yaml"):
+        config.update(yaml.safe_load((workdir / f).read_text()))
+    for k in ("datasets", "tasks", "encoders"):
+        config["registries"][k] = str(workdir / config["registries"][k])
+    return config
+
+
+def expected_report_files(workdir: Path) -> dict[str, str]:
+    """{path in the report: caption name} for the analysis outputs this config produces."""
+    config = workflow_config(workdir)
+    p = plan(config)
+    ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    alts = [m for m in ctx.metrics if m != ctx.metric]
+    out = {}
+    for family in analysis_outputs(ctx, "results").values():
+        for key, path in family.items():
+            if key.startswith("png"):
+                stem = Path(path).stem
+                for m in alts:
+                    stem = stem.removesuffix(f"_{m}")
+                out[path] = stem
+            elif key in TABLE_CAPTIONS:
+                out[path] = TABLE_CAPTIONS[key]
+    return out
+
+
+def report_json(html: str, var: str) -> dict:
+    m = re.search(rf"var {var} = (\{{.*?\}});\s*\n", html, re.S)
+    assert m, f"no `var {var}` in the report"
+    return json.loads(m.group(1))
+
+
+def job_counts(dry_run_stdout: str) -> dict[str, int]:
+    if "Nothing to be done" in dry_run_stdout:
+        return {}
+    counts = {}
+    for ln in dry_run_stdout.split("Job stats:")[1].splitlines()[3:]:
+        if ln.split()[:1] == ["total"]:
+            break
+        name, n = ln.split()
+        counts[name] = int(n)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def work_copy(tiny_workflow, tmp_path_factory):
+    """A private copy of the finished tiny run (these tests rerun and edit things)."""
+    work = tmp_path_factory.mktemp("analysis_wf") / "repo"
+    shutil.copytree(tiny_workflow, work, symlinks=True)
+    return work
+
+
+def test_every_caption_file_is_used_by_a_rule():
+    smk = (REPO / "workflow/rules/analysis.smk").read_text()
+    captions = sorted(p.stem for p in REPORT_DIR.glob("*.rst") if p.stem != "workflow")
+    assert captions and all(f'"{c}"' in smk for c in captions), captions
+    assert set(captions) == set(SECTIONS)
+
+
+def test_report_holds_every_figure_with_its_caption(work_copy, run_snakemake):
+    run_snakemake(work_copy, "--report", "report.html")
+    html = (work_copy / "report.html").read_text()
+    results, categories = report_json(html, "results"), report_json(html, "categories")
+    expected = expected_report_files(work_copy)
+    assert {"results/figures/rank_distribution.png", "results/figures/srd_protocols.png"} <= set(expected)
+    encoders = workflow_config(work_copy)["encoders"]
+    for path, caption in expected.items():
+        assert path in results, f"{path} missing from the report"
+        first_line = (REPORT_DIR / f"{caption}.rst").read_text().splitlines()[0].strip()
+        text = results[path]["caption"]
+        assert first_line.replace("'", "&#x27;") in text or first_line in text, (path, first_line, text[:200])
+        assert "Runs" in text and all(e in text for e in encoders), text
+        assert "retinabench provenance" in text and f'<tt class="docutils literal">{path}</tt>' in text
+        section = [c for c, subs in categories.items() for files in subs.values() if path in files]
+        assert section == [SECTIONS[caption]], (path, section)
+    assert all(not p.endswith(".pdf") for p in results)  # PDFs are files beside the PNGs, not report entries
+    assert "retinabench: frozen-encoder benchmark" in html  # the workflow description
+
+
+def test_finished_run_plans_nothing(work_copy, run_snakemake):
+    assert job_counts(run_snakemake(work_copy, "-n").stdout) == {}
+
+
+RULE_OF = {"ranks": "ranks", "rank_figures": "figure_rank_distribution", "tables": "analysis_tables",
+           "cd": "critical_difference", "protocol_heatmap": "protocol_heatmap", "agreement": "rank_agreement",
+           "distance": "signed_rank_distance", "subsets": "subset_ranks", "leakage": "leakage", "top_k": "top_k",
+           "ft_lp": "ft_lp_gap", "fairness": "fairness", "sensitivity": "lr_sensitivity"}
+
+
+def analysis_rules(workdir: Path) -> set[str]:
+    config = workflow_config(workdir)
+    p = plan(config)
+    ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    return {RULE_OF[f] for f in analysis_outputs(ctx, "results")}
+
+
+def edited_copy(work_copy: Path, dest: Path, analysis_change: dict | None = None) -> Path:
+    work = dest / "repo"
+    shutil.copytree(work_copy, work, symlinks=True)
+    if analysis_change:
+        tiny = yaml.safe_load((work / "config/tiny.yaml").read_text())
+        base = yaml.safe_load((work / "config/config.yaml").read_text())["analysis"]
+        tiny["analysis"] = {**base, **analysis_change}
+        (work / "config/tiny.yaml").write_text(yaml.safe_dump(tiny))
+    return work
+
+
+def test_changing_the_metrics_table_reruns_exactly_the_analysis(work_copy, tmp_path, run_snakemake):
+    work = edited_copy(work_copy, tmp_path)
+    path = work / "results/metrics.parquet"
+    metrics = read_table(path, "metrics")
+    metrics.loc[0, "value"] = metrics.loc[0, "value"] * 0.5  # new content (a bare touch with the same bytes is
+    write_table(metrics, path, "metrics")                     # recognised by Snakemake's checksums: no rerun)
+    now = time.time() + 5
+    os.utime(path, (now, now))
+    jobs = job_counts(run_snakemake(work, "-n").stdout)
+    assert set(jobs) == analysis_rules(work) | {"all"}, jobs
+    assert all(n == 1 for n in jobs.values())  # one job per figure family, never one per task
+
+
+def test_changing_a_ranking_metric_reruns_the_analysis_only(work_copy, tmp_path, run_snakemake):
+    work = edited_copy(work_copy, tmp_path, {"alternative_metrics": ["auroc"]})
+    jobs = job_counts(run_snakemake(work, "-n").stdout)
+    assert set(jobs) == analysis_rules(work) | {"all"}, jobs  # ranks.parquet changes: all its readers rerun
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"alpha": 0.1}, {"signed_rank_distance"}),  # Kruskal-Wallis significance (2 encoders: no CD, no Spearman)
+    ({"top_k": 2}, {"top_k"}),
+])
+def test_an_analysis_setting_reruns_only_its_dependants(work_copy, tmp_path, run_snakemake, change, expected):
+    assert len(workflow_config(work_copy)["encoders"]) == 2, "expectations below are for the 2-encoder tiny run"
+    work = edited_copy(work_copy, tmp_path, change)
+    jobs = job_counts(run_snakemake(work, "-n").stdout)
+    assert set(jobs) == expected | {"all"}, jobs
+
+
+def test_figure_provenance_reaches_predictions_splits_weights_and_commit(work_copy):
+    cli = [sys.executable, "-m", "retinabench", "provenance", "results/figures/srd_protocols.png"]
+    out = subprocess.run(cli, cwd=work_copy, capture_output=True, text=True, check=True).stdout
+    config = workflow_config(work_copy)
+    p = plan(config)
+    for enc in p.encoders:
+        for task in p.tasks:
+            assert f"results/predictions/frozen/{enc}/{task}.parquet" in out, (enc, task)
+    for task in p.tasks:
+        assert f"/{task}.parquet  <- rule split" in out, task
+    for needle in ("rule signed_rank_distance", "rule ranks", "rule collect_metrics", "rule frozen",
+                   "rule features", "weights:", "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
+                   "none (random init)"):
+        assert needle in out, f"{needle!r} missing:\n{out}"
+    assert "no-commit" not in out.splitlines()[0]  # the code commit is recorded
+    side = json.loads(subprocess.run([*cli, "--json"], cwd=work_copy, capture_output=True, text=True,
+                                     check=True).stdout)
+    assert side["config"]["settings"]["alpha"] == 0.05 and side["config"]["ranking"]["metric"] == "accuracy"
+    assert side["inputs"][0]["path"] == "results/analysis/ranks.parquet"
