@@ -28,3 +28,6 @@ rule all:
     input:
         all_targets(),
     default_target: True
+
+
+apply_site_resources()  # workflow/rules/resources.smk: Slurm partition / GPU request of every rule (docs/slurm.md)

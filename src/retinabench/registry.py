@@ -27,6 +27,14 @@ def _schema(kind: str) -> dict:
     return json.loads(text)
 
 
+def _canonical(value):
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def load_registry(path: str | os.PathLike, kind: str) -> dict[str, dict[str, Any]]:
     """Load and validate one registry file: a mapping ``name -> entry``; each entry gets its ``name``."""
     if kind not in REGISTRY_KINDS:
@@ -45,7 +53,9 @@ def load_registry(path: str | os.PathLike, kind: str) -> dict[str, dict[str, Any
             err = errors[0]
             loc = "/".join(str(p) for p in err.path) or "(entry)"
             raise RegistryError(f"{path}: {kind} entry {name!r}, key {loc}: {err.message}")
-        out[str(name)] = {"name": str(name), **entry}
+        # Canonical key order: entries travel as Snakemake params, so reformatting a YAML file (key order) must not
+        # look like a changed entry and rerun everything.
+        out[str(name)] = _canonical({"name": str(name), **entry})
     if kind == "tasks":
         for name, task in out.items():
             if len(set(task["classes"])) != len(task["classes"]):
