@@ -17,7 +17,7 @@ import pandas as pd
 from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
 
-from retinabench.metrics.classification import expected_calibration_error
+from retinabench.metrics.classification import binned_calibration_error, expected_calibration_error
 from retinabench.stats.bootstrap import ece_bins
 
 EPS = 1e-7
@@ -27,16 +27,9 @@ T_BOUNDS = (0.05, 20.0)
 def binary_ece(y_true, p_pos, n_bins: int = 10) -> float:
     """ECE of the positive-class probability against the binary outcome."""
     y = (np.asarray(y_true) == 1).astype(np.float64)
-    p = np.asarray(p_pos, dtype=np.float64)
     if len(y) == 0:
         return float("nan")
-    bins = ece_bins(p, n_bins)
-    ece = 0.0
-    for b in range(n_bins):
-        m = bins == b
-        if m.any():
-            ece += m.mean() * abs(y[m].mean() - p[m].mean())
-    return float(ece)
+    return binned_calibration_error(y, np.asarray(p_pos, dtype=np.float64), n_bins)
 
 
 def top_label_ece(y_true, proba, n_bins: int = 10) -> float:

@@ -14,18 +14,26 @@ GROUP_KEYS = ["dataset", "task", "encoder", "protocol", "seed", "regime", "split
 METRIC_NAMES = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece")
 
 
-def expected_calibration_error(y_true: np.ndarray, proba: np.ndarray, n_bins: int = 10) -> float:
-    """Top-label ECE: sum over equal-width confidence bins of |accuracy - mean confidence| × bin weight."""
-    conf = proba.max(axis=1)
-    correct = (proba.argmax(axis=1) == y_true).astype(float)
-    # Bin i holds confidences in (i/n, (i+1)/n]; confidence 0 cannot occur for a top label (>= 1/K).
-    bins = np.clip(np.ceil(conf * n_bins).astype(int) - 1, 0, n_bins - 1)
+def binned_calibration_error(target: np.ndarray, prob: np.ndarray, n_bins: int = 10) -> float:
+    """Sum over equal-width probability bins of |mean target - mean prob| × bin weight.
+
+    Bin i holds (i/n, (i+1)/n]; a probability of 0 goes to bin 0.
+    """
+    target = np.asarray(target, dtype=float)
+    prob = np.asarray(prob, dtype=float)
+    bins = np.clip(np.ceil(prob * n_bins).astype(int) - 1, 0, n_bins - 1)
     ece = 0.0
     for b in range(n_bins):
         m = bins == b
         if m.any():
-            ece += m.mean() * abs(correct[m].mean() - conf[m].mean())
+            ece += m.mean() * abs(target[m].mean() - prob[m].mean())
     return float(ece)
+
+
+def expected_calibration_error(y_true: np.ndarray, proba: np.ndarray, n_bins: int = 10) -> float:
+    """Top-label ECE: the binned gap between top-label accuracy and top-label confidence."""
+    correct = (proba.argmax(axis=1) == y_true).astype(float)
+    return binned_calibration_error(correct, proba.max(axis=1), n_bins)
 
 
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, *, ordinal: bool) -> dict[str, float]:
