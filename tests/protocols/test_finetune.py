@@ -31,14 +31,6 @@ CFG = TrainConfig(epochs=4, steps_per_epoch=3, batch_size=8, eval_batch_size=32,
                   lr_classifier=1e-2, checkpoint_every=2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny ops on a shared 2-core machine: one intra-op thread is ~10x faster than two (no hand-off).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def make_data(tmp: Path, n: int = 96, size: int = 48, seed: int = 0):
     """Image cache + index + split: class 1 has a bright square (learnable), patient = image."""

@@ -16,13 +16,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_finetune import TASK, VIT, make_data  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def runs(losses: dict[float, list[float]], lr_name="lr_classifier", diverged=()):
     rows = [{"lr": lr, "seed": s, "best_val_loss": v, "lr_name": lr_name, "diverged": lr in diverged}

@@ -26,15 +26,6 @@ def _dataset(name, n_patients, shift, seed):
     return task, (pd.Index(m["image_id"]), np.asarray(feats, dtype=np.float32)), make_split(m, task, seed=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny probes: one torch thread is faster than contending for shared cores."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def two_sites():
