@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from retinabench.protocols.finetune import DivergedError, TrainConfig
 from retinabench.protocols.sweep import (RUNS_COLUMNS, SENSITIVITY_COLUMNS, choose_lr, chosen_record, encoder_grid,
