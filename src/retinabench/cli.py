@@ -1,5 +1,5 @@
-"""Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets``, ``targets``,
-``pin-encoder``. The pipeline itself runs through Snakemake (see README)."""
+"""Command line: ``retinabench provenance FILE``, ``verify DATASET``, ``encoders``, ``tasks``, ``datasets``,
+``targets``, ``pin-encoder``. The pipeline itself runs through Snakemake (see README)."""
 from __future__ import annotations
 
 import argparse
@@ -89,6 +89,34 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Re-hash a dataset's raw files against its manifest; name every changed, missing or added file."""
+    from retinabench.data.raw_state import compare_to_snapshot
+    from retinabench.schemas import read_table
+    from retinabench.workflow_plan import plan
+    p = plan(_load_config(args.configfile))
+    entry = p.registries.dataset(args.dataset)
+    data_dir = Path(p.results) / "data" / args.dataset
+    manifest = read_table(data_dir / "manifest.parquet", "manifest")
+    snap_path = data_dir / "raw_files.parquet"
+    snapshot = read_table(snap_path, "raw_files") if snap_path.is_file() and not entry.get("generated") else None
+    root = p.dataset_root(args.dataset)
+    diff = compare_to_snapshot(root, manifest, snapshot, full=True, threads=args.threads)
+    checked = len(manifest) + (0 if snapshot is None else int(snapshot["sha256"].notna().sum()))
+    if diff.empty:
+        print(f"{args.dataset}: {len(manifest)} images under {root} match the manifest "
+              f"({data_dir / 'manifest.parquet'})")
+        return 0
+    for r in diff.itertuples():
+        detail = f"sha256 {r.expected[:12]} -> {r.actual[:12]}" if r.status == "changed" else ""
+        image = f" (image {r.image_id})" if isinstance(r.image_id, str) else ""
+        print(f"{r.status:8} {r.path}{image} {detail}".rstrip())
+    counts = diff["status"].value_counts().to_dict()
+    print(f"{args.dataset}: {len(diff)} raw file(s) differ from the manifest's record {counts} ({checked} hashed); "
+          f"`snakemake` reruns its manifest and everything downstream")
+    return 1
+
+
 def cmd_pin_encoder(args) -> int:
     """Resolve the current hub commit and the weight file's sha256 of an entry (needs network)."""
     from huggingface_hub import HfApi, hf_hub_download
@@ -120,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encoder")
     p.add_argument("--task")
     p.set_defaults(fn=cmd_targets)
+    p = sub.add_parser("verify", help="re-hash a dataset's raw files against its manifest; exit 1 on a change")
+    p.add_argument("dataset")
+    p.add_argument("--configfile", action="append")
+    p.add_argument("--threads", type=int, default=4)
+    p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("pin-encoder", help="print revision + sha256 to pin a hub encoder entry (needs network)")
     p.add_argument("name")
     p.add_argument("--configfile", action="append")

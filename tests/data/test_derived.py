@@ -62,9 +62,9 @@ def test_task_rows_and_split_use_derived_labels():
 
 def test_registry_derivations_cover_the_adapters_codes(registries):
     """Every value an adapter can write into the source column maps to a class of each derived task."""
-    values = {"phantom": {"dr3": set(phantom_adapter.LABELS["dr3"][2].values())},
-              "phantom_siteb": {"dr3": set(phantom_adapter.LABELS["dr3"][2].values())},
-              "tvhl": {"dr3": set(tvhl_adapter._DR.values())}}
+    values = {"phantom": {"dr3": set(phantom_adapter.LABELS["dr3"][0].codes.values())},
+              "phantom_siteb": {"dr3": set(phantom_adapter.LABELS["dr3"][0].codes.values())},
+              "tvhl": {"dr3": set(tvhl_adapter.DR.codes.values())}}
     derived = {n: t for n, t in registries.tasks.items() if t.get("derive")}
     assert {"phantom_cfp_anydr", "tvhl_cfp_anydr", "tvhl_oct_anydr", "phantom_siteb_cfp_anydr"} <= set(derived)
     for name, task in derived.items():

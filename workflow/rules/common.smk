@@ -1,12 +1,21 @@
 # Shared helpers: what the config selects, output paths, resources by encoder size class.
 import os
 import re
+import sys
 
-from retinabench.workflow_plan import package_code_hash, plan
+import yaml
+from snakemake.exceptions import WorkflowError
+
+from retinabench.data.raw_state import RawState
+from retinabench.workflow_plan import (ConfigError, check_config, dataset_tasks, manifest_code_hash,
+                                       package_code_hash, plan)
 
 PLAN = plan(config)
 REG = PLAN.registries
 R = PLAN.results
+RAW_STATES = {d: RawState(PLAN.dataset_root(d), f"{R}/data/{d}") for d in PLAN.datasets
+              if not REG.dataset(d).get("generated")}
+RAW_REFRESHED = set()
 STAGE = "../scripts/stage.py"
 PHANTOM_DEFAULTS = {"n_patients": 80, "seed": 0, "image_size": 256}
 CACHE_TAG = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
@@ -26,6 +35,37 @@ SIZE_RESOURCES = {
     "large": {"mem_mb": 32000, "runtime": 120},
     "huge": {"mem_mb": 64000, "runtime": 240},
 }
+
+
+def _intended_executor():
+    """The executor this run will use (--executor / -e, else the profile's `executor`), read from the command
+    line: Snakemake picks the executor only after it has parsed the Snakefile."""
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg in ("--executor", "-e") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--executor="):
+            return arg.split("=", 1)[1]
+    profile = next((argv[i + 1] for i, a in enumerate(argv) if a == "--profile" and i + 1 < len(argv)),
+                   os.environ.get("SNAKEMAKE_PROFILE"))
+    if profile:
+        for folder in (profile, os.path.join(os.path.expanduser("~/.config/snakemake"), profile)):
+            cfg = os.path.join(folder, "config.yaml")
+            if os.path.isfile(cfg):
+                with open(cfg) as fh:
+                    return (yaml.safe_load(fh) or {}).get("executor")
+    return None
+
+
+# Config problems that are knowable now (fractions, unpinned encoders, devices, class placement and knn.k on
+# existing manifests) stop `snakemake` and `snakemake -n` before any job runs. Remote jobs re-read the Snakefile:
+# they skip this (the main process checked).
+if workflow.is_main_process:
+    try:
+        for note in check_config(config, PLAN, local=_intended_executor() in (None, "local", "dryrun")):
+            print(f"retinabench: {note}", file=sys.stderr)
+    except ConfigError as err:
+        raise WorkflowError(str(err))
 
 
 def code_hash(*parts):
@@ -58,5 +98,8 @@ def all_metrics_files():
 def all_targets():
     targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
     targets += [f"{R}/data/{d}/exclusions.parquet" for d in PLAN.datasets]
+    targets += [f"{R}/data/{d}/duplicates.parquet" for d in PLAN.datasets]
+    if len(PLAN.datasets) > 1:  # test images of one dataset that duplicate training images of another
+        targets.append(f"{R}/data/cross_dataset_duplicates.parquet")
     # analysis_targets(): analysis.smk; reliability_targets(): reliability.smk; finetune_targets(): finetune.smk
     return targets + analysis_targets() + reliability_targets() + finetune_targets()
