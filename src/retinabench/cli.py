@@ -102,7 +102,8 @@ def cmd_verify(args) -> int:
     snapshot = read_table(snap_path, "raw_files") if snap_path.is_file() and not entry.get("generated") else None
     root = p.dataset_root(args.dataset)
     diff = compare_to_snapshot(root, manifest, snapshot, full=True, threads=args.threads)
-    checked = len(manifest) + (0 if snapshot is None else int(snapshot["sha256"].notna().sum()))
+    checked = len(set(manifest["path"]) | (set() if snapshot is None else
+                                          set(snapshot.loc[snapshot["sha256"].notna(), "path"])))
     if diff.empty:
         print(f"{args.dataset}: {len(manifest)} images under {root} match the manifest "
               f"({data_dir / 'manifest.parquet'})")

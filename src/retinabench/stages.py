@@ -88,6 +88,8 @@ def _manifest_report(dataset: str, manifest: pd.DataFrame, exclusions: pd.DataFr
         lines += [f"    {r.scope:<{width}}  {r.n:>7}  {r.reason}" for r in shown.itertuples()]
         if len(summary) > len(shown):
             lines.append(f"    ... {len(summary) - len(shown)} more kinds (exclusions.parquet has every row)")
+    else:
+        lines.append("  exclusions by scope and reason: none")
     return "\n".join(lines)
 
 

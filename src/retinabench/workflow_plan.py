@@ -190,7 +190,7 @@ def unpinned_encoders(registries: Registries, names: list[str]) -> list[str]:
 
 def dataset_tasks(registries: Registries, dataset: str) -> list[dict]:
     """Every registry task of a dataset: its one split assignment keeps all their classes in every split."""
-    return [t for t in registries.tasks.values() if t["dataset"] == dataset]
+    return sorted((t for t in registries.tasks.values() if t["dataset"] == dataset), key=lambda t: t["name"])
 
 
 def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:

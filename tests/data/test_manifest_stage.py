@@ -58,20 +58,22 @@ def test_every_corrupt_image_is_listed_and_a_failed_job_leaves_nothing(tvhl_copy
 
 
 def test_on_corrupt_exclude_records_them_and_the_summary_is_printed(tvhl_copy, tmp_path, make_manifest_job, capfd):
+    from retinabench.data.adapters.tvhl import adapt_tvhl
+    n_all = len(adapt_tvhl(tvhl_copy, {"name": "tvhl"})[0])
     bad = corrupt(tvhl_copy)
     job = make_manifest_job(tvhl_copy, tmp_path / "results", {"on_corrupt": "exclude"})
     run_stage("manifest", job)
     manifest = read_table(job.output["manifest"], "manifest")
     excl = read_table(job.output["exclusions"], "exclusions")
     rel = {str(p.relative_to(tvhl_copy)) for p in bad}
-    assert not rel & set(manifest["path"]) and len(manifest) == 36 - 3
+    assert not rel & set(manifest["path"]) and len(manifest) == n_all - 3
     corrupt_rows = excl[excl["reason"].str.startswith("corrupt image: ")]
     assert set(corrupt_rows["source"]) == rel and set(corrupt_rows["scope"]) == {"image"}
     hashes = read_table(job.output["hashes"], "image_hashes")
     assert list(hashes["image_id"]) == sorted(manifest["image_id"]) and hashes["phash"].str.len().eq(64).all()
     out, err = capfd.readouterr()
     for text in (out, err):  # the job's log (stdout) and the console
-        assert "retinabench manifest tvhl: 33 images" in text and "exclusions by scope and reason:" in text
+        assert f"retinabench manifest tvhl: {n_all - 3} images" in text and "exclusions by scope and reason:" in text
         assert "corrupt image" in text and "label:dr3" in text
     side = read_sidecar(job.output["manifest"])
     assert side["extra"]["summary"]["decode"]["corrupt"] == 3
@@ -80,15 +82,16 @@ def test_on_corrupt_exclude_records_them_and_the_summary_is_printed(tvhl_copy, t
 def test_decode_pass_is_cached_by_sha256(tvhl_copy, tmp_path, make_manifest_job):
     job = make_manifest_job(tvhl_copy, tmp_path / "results")
     run_stage("manifest", job)
-    assert read_sidecar(job.output["manifest"])["extra"]["summary"]["decode"] == {"decoded": 36, "cached": 0,
+    n = read_table(job.output["manifest"], "manifest")["sha256"].nunique()
+    assert read_sidecar(job.output["manifest"])["extra"]["summary"]["decode"] == {"decoded": n, "cached": 0,
                                                                                   "corrupt": 0}
     img = images(tvhl_copy, "OCT", 1)[0]
     from PIL import Image
     Image.open(img).save(img, quality=70)  # same image, new bytes
     run_stage("manifest", job)
     summary = read_sidecar(job.output["manifest"])["extra"]["summary"]
-    assert summary["decode"] == {"decoded": 1, "cached": 35, "corrupt": 0}
-    assert summary["sha256_reused"] >= 35  # unchanged files were not re-hashed either
+    assert summary["decode"] == {"decoded": 1, "cached": n - 1, "corrupt": 0}
+    assert summary["sha256_reused"] >= n - 1  # unchanged files were not re-hashed either
 
 
 def test_image_cache_lists_every_unreadable_image_and_leaves_no_temp_file(tvhl_copy, tmp_path):
@@ -156,7 +159,7 @@ def test_verify_and_provenance_name_a_changed_image(tvhl_copy, tmp_path, make_ma
     cli = [sys.executable, "-m", "retinabench", "verify", "tvhl", "--configfile", str(cfg)]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     ok = subprocess.run(cli, cwd=REPO, capture_output=True, text=True, env=env)
-    assert ok.returncode == 0 and "36 images" in ok.stdout, ok.stdout + ok.stderr
+    assert ok.returncode == 0 and "70 images" in ok.stdout, ok.stdout + ok.stderr
     assert "CHANGED" not in format_chain(job.output["manifest"])
     img = images(tvhl_copy, "OCT", 1)[0]
     rel = str(img.relative_to(tvhl_copy))
@@ -168,3 +171,50 @@ def test_verify_and_provenance_name_a_changed_image(tvhl_copy, tmp_path, make_ma
     assert f"changed  {rel} (image oct_{img.stem})" in bad.stdout and "added    OCT/extra.jpg" in bad.stdout
     chain = format_chain(job.output["manifest"])
     assert f"[CHANGED since used] raw image oct_{img.stem}: {rel} (changed)" in chain
+
+
+def test_stage_chain_duplicates_split_task_views_and_cross_dataset_pairs(tvhl_copy, tmp_path, make_manifest_job,
+                                                                         registries):
+    """manifest -> duplicates -> one dataset split -> task views, for two datasets holding the same images."""
+    import shutil
+    from retinabench.stages import Job
+    from retinabench.workflow_plan import dataset_tasks
+    other = tmp_path / "data" / "tvhl2"
+    shutil.copytree(tvhl_copy, other)
+    results = tmp_path / "results"
+    r = results / "data"
+    for name, root in (("tvhl", tvhl_copy), ("tvhl2", other)):
+        run_stage("manifest", make_manifest_job(root, results, {"name": name}, dataset=name))
+        run_stage("duplicates", Job(rule="duplicates", input={"manifest": str(r / name / "manifest.parquet"),
+                                                              "hashes": str(r / name / "image_hashes.parquet")},
+                                    output={"duplicates": str(r / name / "duplicates.parquet")},
+                                    params={"duplicates": {"max_distance": 8}}, wildcards={"dataset": name}))
+        run_stage("split", Job(rule="split", input={"manifest": str(r / name / "manifest.parquet"),
+                                                    "duplicates": str(r / name / "duplicates.parquet")},
+                               output={"split": str(results / "splits" / f"{name}.parquet")},
+                               params={"split": {"fractions": {"train": 0.7, "val": 0.15, "test": 0.15}, "seed": 0},
+                                       "tasks": [t | {"dataset": name} for t in dataset_tasks(registries, "tvhl")]},
+                               wildcards={"dataset": name}))
+    task = registries.task("tvhl_cfp_dme")
+    job = Job(rule="task_split", input={"manifest": str(r / "tvhl/manifest.parquet"),
+                                        "exclusions": str(r / "tvhl/exclusions.parquet"),
+                                        "assignment": str(results / "splits/tvhl.parquet")},
+              output={"split": str(results / "splits/tvhl/tvhl_cfp_dme.parquet")},
+              params={"task": task, "seed": 0}, wildcards={"dataset": "tvhl", "task": task["name"]})
+    run_stage("task_split", job)
+    view = read_table(job.output["split"], "split")
+    assignment = read_table(results / "splits/tvhl.parquet", "dataset_split")
+    assert (view["split"] == view["image_id"].map(dict(zip(assignment["image_id"], assignment["split"])))).all()
+    side = read_sidecar(results / "splits/tvhl.parquet")
+    assert "groups_merging_patients" in side["extra"]["summary"] and side["config"]["tasks"]
+    pairs_path = r / "cross_dataset_duplicates.parquet"
+    run_stage("cross_duplicates", Job(
+        rule="cross_duplicates",
+        input={"hashes": [str(r / d / "image_hashes.parquet") for d in ("tvhl", "tvhl2")],
+               "splits": [str(results / "splits" / f"{d}.parquet") for d in ("tvhl", "tvhl2")]},
+        output={"pairs": str(pairs_path)}, params={"duplicates": {"max_distance": 8}, "datasets": ["tvhl", "tvhl2"]}))
+    pairs = read_table(pairs_path, "cross_duplicates")
+    manifest = read_table(r / "tvhl/manifest.parquet", "manifest")
+    exact = pairs[pairs["kind"] == "exact"]  # every image has its copy (and identical images each other's)
+    same = exact[exact["image_a"] == exact["image_b"]]
+    assert len(same) == len(manifest) and (same["split_a"] == same["split_b"]).all()  # same seed, same groups
