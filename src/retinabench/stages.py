@@ -61,7 +61,8 @@ def exclusion_summary(exclusions: pd.DataFrame, *, limit: int = 25) -> pd.DataFr
               .str.replace(r"\b\d+\b", "N", regex=True))
     # Verbatim where a scope has few distinct reasons; folded where they differ row by row (file names).
     many = reason.groupby(exclusions["scope"]).transform("nunique") > 12
-    out = (exclusions.assign(reason=reason.where(~many, folded)).groupby(["scope", "reason"]).size().reset_index(name="n")
+    out = (exclusions.assign(reason=reason.where(~many, folded)).groupby(["scope", "reason"]).size()
+           .reset_index(name="n")
            .sort_values(["scope", "n"], ascending=[True, False]).reset_index(drop=True))
     return out.head(limit) if limit else out
 

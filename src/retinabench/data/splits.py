@@ -110,7 +110,8 @@ def split_groups(manifest: pd.DataFrame, duplicates: pd.DataFrame | None = None,
     m = manifest.reindex(columns=["image_id", "patient_id", "sha256"])  # sha256 may be absent (tables built by hand)
     m = m.sort_values("image_id", kind="stable").reset_index(drop=True)
     if m["image_id"].duplicated().any():
-        raise SplitError(f"manifest has duplicate image ids, e.g. {m.loc[m['image_id'].duplicated(), 'image_id'].iloc[0]}")
+        first = m.loc[m["image_id"].duplicated(), "image_id"].iloc[0]
+        raise SplitError(f"manifest has duplicate image ids, e.g. {first}")
     pid = m["patient_id"].astype("string")
     pid = pid.where(pid.str.strip().fillna("") != "", pd.NA)
     key = ("p:" + pid).fillna("i:" + m["image_id"])
@@ -359,7 +360,8 @@ def split_summary(df: pd.DataFrame, task: dict) -> dict:
     return {
         "n_images": int(len(df)), "n_patients": int(df["patient_id"].nunique()),
         "counts": {f"{s}/{c}": int(n) for (s, c), n in counts.items()},
-        "balanced_counts": {f"{s}/{c}": int(n) for (s, c), n in df[df["balanced"]].groupby(["split", "label"]).size().items()},
+        "balanced_counts": {f"{s}/{c}": int(n)
+                            for (s, c), n in df[df["balanced"]].groupby(["split", "label"]).size().items()},
         "realised_fractions": {s: round(float((df["split"] == s).mean()), 4) for s in SPLITS},
     }
 
