@@ -32,9 +32,9 @@ def edited_copy(src, dest, config=None, registry=None):
     if config:
         path = dest / "config/tiny.yaml"
         path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **config}))
-    for name, entries in (registry or {}).items():
-        path = dest / f"config/{name}.yaml"
-        path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **entries}))
+    for name, entries in (registry or {}).items():  # appended: the existing entries keep their order
+        with open(dest / f"config/{name}.yaml", "a") as fh:
+            fh.write("\n" + yaml.safe_dump(entries))
     return dest
 
 

@@ -37,6 +37,24 @@ SIZE_RESOURCES = {
 }
 
 
+def raw_fingerprint(dataset):
+    """The dataset's raw fingerprint (retinabench.data.raw_state), refreshed once per workflow start in the main
+    process: a changed, added or removed raw file makes it newer than the manifest, which reruns. Generated
+    datasets have none (their raw folder is an output of the phantom rule)."""
+    if REG.dataset(dataset).get("generated"):
+        return []
+    path = RAW_STATES[dataset].fingerprint_path
+    if workflow.is_main_process and dataset not in RAW_REFRESHED:
+        changes = RAW_STATES[dataset].refresh()
+        RAW_REFRESHED.add(dataset)
+        listed = changes["changed"] + changes["added"] + changes["removed"]
+        if listed and os.path.exists(f"{R}/data/{dataset}/manifest.parquet"):
+            print(f"retinabench: raw data of {dataset} changed since its manifest was built: "
+                  f"{len(changes['changed'])} changed, {len(changes['added'])} added, "
+                  f"{len(changes['removed'])} removed (e.g. {listed[:3]}); see {path}", file=sys.stderr)
+    return [str(path)]
+
+
 def _intended_executor():
     """The executor this run will use (--executor / -e, else the profile's `executor`), read from the command
     line: Snakemake picks the executor only after it has parsed the Snakefile."""
@@ -61,6 +79,8 @@ def _intended_executor():
 # existing manifests) stop `snakemake` and `snakemake -n` before any job runs. Remote jobs re-read the Snakefile:
 # they skip this (the main process checked).
 if workflow.is_main_process:
+    for _dataset in RAW_STATES:  # raw changes first: a dataset whose raw data changed is rebuilt, not checked
+        raw_fingerprint(_dataset)
     try:
         for note in check_config(config, PLAN, local=_intended_executor() in (None, "local", "dryrun")):
             print(f"retinabench: {note}", file=sys.stderr)

@@ -5,24 +5,6 @@
 GENERATED_ROOTS = {d["root"]: name for name, d in REG.datasets.items() if d.get("generated")}
 
 
-def raw_fingerprint(dataset):
-    """The dataset's raw fingerprint (retinabench.data.raw_state), refreshed once per workflow start in the main
-    process: a changed, added or removed raw file makes it newer than the manifest, which reruns. Generated
-    datasets have none (their raw folder is an output of the phantom rule)."""
-    if REG.dataset(dataset).get("generated"):
-        return []
-    path = RAW_STATES[dataset].fingerprint_path
-    if workflow.is_main_process and dataset not in RAW_REFRESHED:
-        changes = RAW_STATES[dataset].refresh()
-        RAW_REFRESHED.add(dataset)
-        listed = changes["changed"] + changes["added"] + changes["removed"]
-        if listed and os.path.exists(f"{R}/data/{dataset}/manifest.parquet"):
-            print(f"retinabench: raw data of {dataset} changed since its manifest was built: "
-                  f"{len(changes['changed'])} changed, {len(changes['added'])} added, "
-                  f"{len(changes['removed'])} removed (e.g. {listed[:3]}); see {path}", file=sys.stderr)
-    return [str(path)]
-
-
 rule phantom:
     output:
         metadata=os.path.join(PLAN.data_root, "{generated_root}", "metadata.csv"),
