@@ -463,3 +463,21 @@ def write_fixture(name: str, data_root: Path, registry: dict | None = None) -> P
         writer(root)
         marker.write_text("")
     return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m retinabench.data.raw_fixtures DATA_ROOT [NAME ...]``: write fixtures (default: all), e.g. to
+    dry-run the papers' grids without the data (`snakemake -n --configfile config/ocularbench.yaml
+    --config data_root=DATA_ROOT`)."""
+    import argparse
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("data_root", type=Path)
+    parser.add_argument("names", nargs="*", help=f"datasets (default all: {', '.join(WRITERS)})")
+    args = parser.parse_args(argv)
+    for name in args.names or WRITERS:
+        print(write_fixture(name, args.data_root))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
