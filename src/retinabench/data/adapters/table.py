@@ -1,6 +1,6 @@
 """The generic TABLE adapter: a dataset that is "a folder of images and one or more tables", configured entirely
 in its registry entry (``adapter: table`` + a ``table:`` section). Most of the reference studies' datasets are
-declared this way in ``config/datasets.yaml``; ``docs/datasets.md`` has the walkthrough.
+declared this way in ``config/datasets.yaml``; the README ("Your own data") has the walkthrough.
 
 Pipeline, in order (every row that does not reach the manifest, every unknown label and every normalised quirk
 is an exclusion row; nothing is dropped silently):
@@ -15,7 +15,8 @@ is an exclusion row; nothing is dropped silently):
    fully blank unnamed columns are skipped and counted.
 2. **fields** — computed columns: ``{template: "..."}`` (``str.format`` on the row), ``{column: X, regex: R}``
    (first group, or the group named ``value``), ``{column: X, map: {...}}``, ``{min_of: [A, B]}``,
-   ``{row_number: true}`` (1-based data row of the source).
+   ``{row_number: true}`` (1-based position among the source's data rows). Fields given on a source run
+   before its unpivot; top-level ``fields`` run after the joins.
 3. **unpivot** — one row per listed column (a pair table ``left;right`` or two views per eye):
    ``{columns: {raw column: name}, value: <new column>, name: <new column>}``.
 4. **join** — columns from another table keyed on one or more columns (``keys: {row column: table column}``);
@@ -30,7 +31,9 @@ is an exclusion row; nothing is dropped silently):
    folders reuse file names, as IDRiD's training and test sets do). ``unlisted`` globs find images on disk
    that no row names.
 7. **metadata** — ``modality``, ``patient`` (``column``/``template``, or ``per_image: true`` when the dataset
-   publishes no patient id: each image is its own patient, recorded once), ``eye``, ``age``, ``sex``,
+   publishes no patient id: each image is its own patient, recorded once; ``fallback: per_image`` does that
+   only for rows whose patient cell is empty, recording each), ``eye``, ``age`` (``range``, default 0-120),
+   ``sex``,
    ``quality``, ``site`` and ``partition`` (the official train/val/test partition, kept as the manifest column
    ``official_split``; our splits are our own). Coded fields take ``codes`` (raw -> normalised) and
    ``missing`` (raw codes meaning unknown); an undeclared code is read as missing and recorded.
