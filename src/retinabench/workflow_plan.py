@@ -186,7 +186,7 @@ def unpinned_encoders(registries: Registries, names: list[str]) -> list[str]:
         missing = [k for k in ("sha256",) + (("revision", "weights_file") if e.get("hub_id") else ())
                    if not e.get(k)]
         if missing:
-            problems.append(f"encoder {name!r}: pretrained weights are not pinned (no {', '.join(missing)} in the "
+            problems.append(f"encoder {name!r}: pretrained weights are not pinned (no {' or '.join(missing)} in the "
                             f"encoder registry); `retinabench pin-encoder {name}` prints them (needs network once)")
     return problems
 
@@ -204,12 +204,11 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
     from retinabench.schemas import read_table
     split_cfg = config["split"]
     knn_k = (config.get("knn") or {}).get("k", 20) if "knn" in config.get("protocols", []) else None
-    problems, notes = [], []
+    problems, notes, unbuilt = [], [], []
     for dataset in plan_.datasets:
         manifest_path = Path(plan_.results) / "data" / dataset / "manifest.parquet"
         if not manifest_path.is_file():
-            notes.append(f"{dataset}: no manifest yet, so class placement and knn.k are checked by its split and "
-                         f"frozen jobs")
+            unbuilt.append(dataset)
             continue
         entry = plan_.registries.dataset(dataset)
         inputs = [Path(plan_.dataset_root(dataset)) / f for f in entry["index_files"]]
@@ -244,6 +243,9 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
                         problems.append(f"knn.k = {knn_k} but task {name!r} has {n} training images in the "
                                         f"{'balanced' if regime == 'b' else 'full'} training set (regimes "
                                         f"{regime}-*); lower knn.k or set `k: auto`")
+    if unbuilt:
+        notes.append(f"no manifest yet for {', '.join(unbuilt)}: class placement and knn.k are checked by their "
+                     f"split and frozen jobs")
     return problems, notes
 
 

@@ -1,7 +1,8 @@
 """The manifest job's decode pass: every image decoded once, in parallel, cached by sha256.
 
-One pass gives both the corrupt-image check (a file PIL cannot open or fully decode: truncated JPEG, garbage
-bytes, empty file, zero-size image) and the perceptual hash the duplicate search uses (retinabench.data.duplicates).
+One pass gives both the corrupt-image check (a file retinabench.data.readers cannot open or fully decode —
+JPEG/PNG/TIFF, DICOM and NPZ alike: truncated JPEG, garbage bytes, empty file, zero-size image) and the perceptual
+hash the duplicate search uses (retinabench.data.duplicates).
 Results are cached by the file's sha256 in a Parquet table beside the manifest (``.image_checks.parquet``, not a
 Snakemake output, so it survives reruns): after one image changes, a rerun decodes that one image. A cache entry
 records the checker version; entries of another version are recomputed.
@@ -21,7 +22,7 @@ PHASH_SIZE = 16                 # 16 x 16 = 256-bit DCT hash (why: retinabench.d
 PHASH_BYTES = PHASH_SIZE * PHASH_SIZE // 8
 HASH_VERSION = f"imagehash.phash(hash_size={PHASH_SIZE}) of the grayscale image"
 CORRUPT_POLICIES = ("error", "exclude")
-CHECKER_VERSION = f"decode+{HASH_VERSION}; v1"
+CHECKER_VERSION = f"decode (retinabench.data.readers)+{HASH_VERSION}; v2"
 CACHE_NAME = ".image_checks.parquet"
 CHECK_COLUMNS = ["sha256", "ok", "error", "width", "height", "mode", "phash", "checker"]
 _MAX_LISTED = 50
@@ -50,12 +51,15 @@ def perceptual_hash(image) -> str:
 
 def decode_check(path: str | os.PathLike) -> dict:
     """Fully decode one image: its size, mode and perceptual hash, or the error that stopped it."""
-    from PIL import Image, ImageFile
+    from PIL import ImageFile
+
+    from retinabench.data.readers import open_image
     if ImageFile.LOAD_TRUNCATED_IMAGES:  # some library switched PIL to pad truncated files silently
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated images would decode silently")
     try:
-        with Image.open(path) as im:
-            im.load()  # the whole file: truncation and corrupt data fail here, not at a later resize
+        # JPEG/PNG/TIFF, DICOM and NPZ alike, fully decoded (readers.open_image loads the whole file):
+        # truncation and corrupt data fail here, not at a later resize
+        with open_image(path) as im:
             width, height = im.size
             if width == 0 or height == 0:
                 raise ValueError(f"image has size {width}x{height}")
