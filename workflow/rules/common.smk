@@ -41,8 +41,8 @@ def raw_fingerprint(dataset):
     """The dataset's raw fingerprint (retinabench.data.raw_state), refreshed once per workflow start in the main
     process: a changed, added or removed raw file makes it newer than the manifest, which reruns. Generated
     datasets have none (their raw folder is an output of the phantom rule)."""
-    if REG.dataset(dataset).get("generated"):
-        return []
+    if REG.dataset(dataset).get("generated") or not RAW_STATES[dataset].root.is_dir():
+        return []  # no raw folder: Snakemake reports the manifest's missing index files, as it should
     path = RAW_STATES[dataset].fingerprint_path
     if workflow.is_main_process and dataset not in RAW_REFRESHED:
         changes = RAW_STATES[dataset].refresh()
