@@ -576,11 +576,13 @@ def _hf_from_pretrained(entry: dict, files: dict[str, Path], cls_name: str, drop
     what = f"encoder {entry['name']!r}"
     if "config.json" not in files:
         raise WeightsError(f"{what}: no config.json among the files {sorted(files)}")
+    remote = {"trust_remote_code": True} if entry.get("trust_remote_code") else {}  # its code is a locked file
     with _staged(files) as folder:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, **remote)
         _check_hf_config(entry, config)
         cls = _hf_class(cls_name)
-        kwargs = (entry.get("hf_kwargs") or {}) if cls_name == entry.get("hf_class", "AutoModel") else {}
+        kwargs = dict(entry.get("hf_kwargs") or {}) if cls_name == entry.get("hf_class", "AutoModel") else {}
+        kwargs |= remote
         model, info = cls.from_pretrained(folder, local_files_only=True, output_loading_info=True, **kwargs)
     report = KeyReport(missing=sorted(info.get("missing_keys") or []),
                        unexpected=[k for k in sorted(info.get("unexpected_keys") or [])
@@ -628,21 +630,29 @@ def probe_embed_dim(module: nn.Module, entry: dict, device: str | torch.device =
     return dim
 
 
-def build_encoder(entry: dict, weights: str | Path | None = None) -> Encoder:
+def build_encoder(entry: dict, weights: str | Path | None = None, device: str = "cpu") -> Encoder:
     """The encoder of a registry entry with its pinned weights (or ``weights``, a local file in the published
-    layout), loaded strictly; random init for ``init: random`` entries."""
+    layout), loaded strictly; random init for ``init: random`` entries.
+
+    ``device="meta"`` (offline tests of large models): the architecture is built without memory, its embedding
+    dimension probed on meta tensors, and the checkpoint's tensors are assigned rather than copied.
+    """
     name = entry["name"]
     source = entry["source"]
+    meta = torch.device(device).type == "meta"
     mean, std = resolve_normalization(entry)
     record: dict[str, Any] = {"source": source, "init": entry.get("init", "pretrained"),
                               "pooling": entry["pooling"]}
+    dim = None
     if entry.get("init") == "random":
         if weights is not None:
             raise WeightsError(f"encoder {name!r} is random-init: it loads no weights")
         torch.manual_seed(entry_seed(entry))
-        module = build_architecture(entry)
+        module = build_architecture(entry, device)
         record |= {"origin": "none", "seed": entry_seed(entry), "files": {}}
     elif source == "transformers":
+        if meta:
+            raise WeightsError(f"encoder {name!r}: transformers entries load with from_pretrained, not on meta")
         files, prov = weight_files(entry, weights)
         checked = check_pipeline_files(entry, files)
         model, config, report = _hf_from_pretrained(entry, files, entry.get("hf_class", "AutoModel"),
@@ -652,11 +662,14 @@ def build_encoder(entry: dict, weights: str | Path | None = None) -> Encoder:
     else:
         files, prov = weight_files(entry, weights)
         checked = check_pipeline_files(entry, files)
-        module = build_architecture(entry)
-        report = load_checkpoint_into(weights_target(module), entry, files)
+        module = build_architecture(entry, device)
+        if meta:
+            dim = probe_embed_dim(module.eval(), entry, device)
+        report = load_checkpoint_into(weights_target(module), entry, files, assign=meta)
         record |= prov | report.record() | {"pipeline_checked": checked}
     module.eval()
-    dim = probe_embed_dim(module, entry)
+    if dim is None:
+        dim = probe_embed_dim(module, entry, device)
     return Encoder(name, module, mean, std, entry["input_size"], dim, record, entry["pooling"])
 
 
