@@ -77,7 +77,7 @@ def bench_one(key: str, n: int, batch: int, repeat: int) -> dict:
     for k in plain:
         print(f"  plain loop, {k:27s}: {best[k]:7.2f} s  ({n / best[k]:6.2f} img/s)" + ("  <- baseline" if k == fastest
                                                                                           else ""))
-    print(f"  pipeline ({'channels_last model' if info['channels_last'] else 'model as built'}){'':8s}: "
+    print(f"  pipeline, {'channels_last model' if info['channels_last'] else 'model as built':27s}: "
           f"{best['pipeline']:7.2f} s  ({n / best['pipeline']:6.2f} img/s)")
     print(f"  throughput ratio pipeline / fastest plain loop = {ratio:.3f}  (goal >= 0.9)")
     return {"model": key, "ratio": ratio, "baseline": fastest, **{f"s_{k}": v for k, v in best.items()}}

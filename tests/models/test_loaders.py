@@ -349,3 +349,37 @@ def test_lock_record_helper_matches_pins():
     entry = {"name": "x", "source": "timm", "hub_id": "a/b", "weights_file": "m.safetensors"}
     rec = lock_record(entry, {})
     assert rec["pins"] == {"origin": "hub", "hub_id": "a/b", "files": ["m.safetensors"]}
+
+
+def test_whole_transformers_dual_encoder_loads_strictly_for_zero_shot(tmp_path, fake_hub):
+    """The image encoder drops SigLIP's text tower (declared, recorded); the whole-model loader keeps both."""
+    from transformers import SiglipConfig, SiglipModel
+    from retinabench.models.loaders import load_transformers_model
+    torch.manual_seed(0)
+    cfg = dict(model_type="siglip",
+               vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=28, patch_size=14),
+               text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                                vocab_size=50, max_position_embeddings=16))
+    src = SiglipModel(SiglipConfig(**{k: v for k, v in cfg.items() if k != "model_type"})).eval()
+    src.save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "size": {"height": 28, "width": 28}}))
+    files = {f: tmp_path / f for f in ("config.json", "model.safetensors", "preprocessor_config.json")}
+    fields = dict(source="transformers", architecture="tiny siglip", input_size=28, pooling="pooler", embed_dim=32,
+                  normalization="inception", hf_config=cfg, hf_class="SiglipVisionModel",
+                  drop_keys=["text_model.*", "logit_scale", "logit_bias"])
+    enc = build_encoder(hub_entry(fake_hub, "tiny_siglip", "org/siglip", files, **fields))
+    assert enc.weights["dropped"]["count"] > 0 and "logit_scale" in enc.weights["dropped"]["keys"]
+    full, prov = load_transformers_model(hub_entry(fake_hub, "tiny_siglip", "org/siglip", files, **fields))
+    assert type(full).__name__ == "SiglipModel" and prov["dropped"]["count"] == 0
+    x = torch.randn(1, 3, 28, 28)
+    with torch.inference_mode():
+        assert torch.allclose(enc.module(x), full.vision_model(pixel_values=x).pooler_output, atol=1e-5)
+        ids = torch.tensor([[1, 2, 3]])
+
+        def text(m):
+            out = m.get_text_features(input_ids=ids)
+            return getattr(out, "pooler_output", out)
+        # (attention kernels may differ between a loaded and a directly built model: not bit-exact)
+        assert torch.allclose(text(full), text(src), atol=1e-5)

@@ -532,6 +532,18 @@ def check_pipeline_files(entry: dict, files: dict[str, Path]) -> list[str]:
         if m is not None and (not _close(m, mean) or not _close(s, std)):
             raise WeightsError(f"{what}: {fname} normalises with mean {m} std {s}; the entry says mean {list(mean)} "
                                f"std {list(std)}")
+        if fname == entry.get("pipeline_config"):
+            top = json.loads(files[fname].read_text())
+            if top.get("architecture") and top["architecture"].split(".")[0] != entry["architecture"]:
+                raise WeightsError(f"{what}: {fname} describes {top['architecture']}; the entry builds "
+                                   f"{entry['architecture']}")
+            declared = entry.get("model_kwargs") or {}
+            clash = [(k, declared[k], v) for k, v in (top.get("model_args") or {}).items()
+                     if k in declared and isinstance(v, (int, float, bool, str)) and not (
+                         v == declared[k] or (isinstance(v, float) and abs(v - float(declared[k])) < 1e-6))]
+            if clash:
+                raise WeightsError(f"{what}: {fname} model_args disagree with the entry's model_kwargs (key, entry, "
+                                   f"file): {clash}")
         if fname == "preprocessor_config.json":
             size = cfg.get("crop_size") or cfg.get("size") or {}
             side = size.get("height", size.get("shortest_edge")) if isinstance(size, dict) else size

@@ -140,11 +140,11 @@ def lock_state(entry: dict, record: dict | None) -> str:
         return "not needed"
     if record is None:
         return "NOT LOCKED"
-    if record.get("pins") != pins_of(entry):
+    # The pins say what the entry asked for; the record's files are what was found and hashed (a sharded or
+    # .bin checkpoint where the entry did not name one): an edited entry no longer matches its pins.
+    if record.get("pins") != pins_of(entry) or not record.get("files"):
         return "STALE"
-    missing = [f for f in requested_files(entry) if f not in record["files"]
-               and not (f.endswith(".safetensors") and f + ".index.json" in record["files"])]
-    return "STALE" if missing else "locked"
+    return "locked"
 
 
 def attach_locks(encoders: dict[str, dict], lock: dict[str, dict]) -> None:
@@ -191,6 +191,14 @@ def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:
             files += [f + ".index.json", *sorted(set(index["weight_map"].values()))]
         elif f == "preprocessor_config.json" and f not in (entry.get("hf_files") or []):
             continue  # a model without a processor file: nothing to pin (the entry's normalisation stands)
+        elif (entry["source"] == "transformers" and not entry.get("weights_file") and f == "model.safetensors"
+              and "pytorch_model.bin" in repo_files):
+            files.append("pytorch_model.bin")  # an older repo without safetensors (loaded with weights_only)
+        elif (entry["source"] == "transformers" and not entry.get("weights_file") and f == "model.safetensors"
+              and "pytorch_model.bin.index.json" in repo_files):
+            index = json.loads(Path(hf_hub_download(entry["hub_id"], "pytorch_model.bin.index.json",
+                                                    revision=revision)).read_text())
+            files += ["pytorch_model.bin.index.json", *sorted(set(index["weight_map"].values()))]
         else:
             raise LockError(f"encoder {entry['name']!r}: {entry['hub_id']}@{revision} has no file {f!r}; "
                             f"its files: {sorted(repo_files)[:40]}")
