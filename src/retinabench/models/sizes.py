@@ -8,13 +8,13 @@ is the estimate the tests hold each class to, and ``bench/gpu_check.py`` measure
 from __future__ import annotations
 
 SIZE_CLASSES: dict[str, dict] = {
-    # mem_mb: host RAM of a features job (checkpoint read + model + one batch); runtime: minutes per dataset
+    # mem_mb: host RAM of a features or fine-tuning job (finetune.smk uses it too); runtime: features, min/dataset
     "tiny": {"max_params_m": 15, "feature_batch": 256, "mem_mb": 4000, "runtime": 30, "gpu": 1},
     "small": {"max_params_m": 50, "feature_batch": 256, "mem_mb": 8000, "runtime": 30, "gpu": 1},
     "base": {"max_params_m": 150, "feature_batch": 128, "mem_mb": 16000, "runtime": 60, "gpu": 1},
-    "large": {"max_params_m": 500, "feature_batch": 64, "mem_mb": 24000, "runtime": 120, "gpu": 1},
-    "huge": {"max_params_m": 1000, "feature_batch": 64, "mem_mb": 32000, "runtime": 180, "gpu": 1},
-    "giant": {"max_params_m": float("inf"), "feature_batch": 32, "mem_mb": 48000, "runtime": 240, "gpu": 1},
+    "large": {"max_params_m": 500, "feature_batch": 64, "mem_mb": 32000, "runtime": 120, "gpu": 1},
+    "huge": {"max_params_m": 1000, "feature_batch": 64, "mem_mb": 64000, "runtime": 180, "gpu": 1},
+    "giant": {"max_params_m": float("inf"), "feature_batch": 32, "mem_mb": 96000, "runtime": 240, "gpu": 1},
 }
 H100_GB = 80.0
 
