@@ -1,4 +1,4 @@
-"""Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets``, ``targets``,
+"""Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets [--check]``, ``targets``,
 ``lock-encoders``, ``check-encoder``. The pipeline itself runs through Snakemake (see README)."""
 from __future__ import annotations
 
@@ -68,10 +68,40 @@ def cmd_tasks(args) -> int:
 
 
 def cmd_datasets(args) -> int:
+    if args.check:
+        return _check_datasets(args)
     reg = _registries(args)
     rows = [{"name": n, "adapter": d["adapter"], "root": d["root"], "modalities": "/".join(d["modalities"]),
-             "exposure_risk": d["web_exposure_risk"]} for n, d in reg.datasets.items()]
-    print(_table(rows, ["name", "adapter", "root", "modalities", "exposure_risk"]))
+             "access": d.get("access", ""), "exposure_risk": d["web_exposure_risk"],
+             "papers": "/".join(d.get("papers", [])), "status": d.get("status", "established")}
+            for n, d in reg.datasets.items()]
+    print(_table(rows, ["name", "adapter", "root", "modalities", "access", "exposure_risk", "papers", "status"]))
+    return 0
+
+
+def _check_datasets(args) -> int:
+    """Which datasets are present, complete and readable under data_root (no pipeline run)."""
+    from retinabench.data.check import check_dataset, format_checks
+    from retinabench.registry import Registries
+    config = _load_config(args.configfile)
+    reg = Registries.from_config(config)
+    data_root = Path(args.data_root or config["data_root"])
+    if args.dataset:
+        names = list(args.dataset)
+        for n in names:
+            reg.dataset(n)
+    elif args.configfile:  # a config given: the datasets it selects
+        names = list(config.get("datasets") or [])
+    else:
+        names = list(reg.datasets)
+    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode) for n in names]
+    print(f"data_root: {data_root}\n")
+    print(format_checks(results))
+    explicit = bool(args.dataset or args.configfile)
+    bad = [r.name for r in results if r.problem or (explicit and r.status == "absent")]
+    if bad:
+        print(f"\nnot ready: {', '.join(bad)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -138,10 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_provenance)
     for name, fn, help_ in (("encoders", cmd_encoders, "list the encoder registry"),
                             ("tasks", cmd_tasks, "list the task registry"),
-                            ("datasets", cmd_datasets, "list the dataset registry")):
+                            ("datasets", cmd_datasets, "list the dataset registry (--check: which are present)")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--configfile", action="append", help=f"config file(s) (default {DEFAULT_CONFIG})")
         p.set_defaults(fn=fn)
+        if name == "datasets":
+            p.add_argument("--check", action="store_true",
+                           help="check which datasets are present, complete and readable under data_root")
+            p.add_argument("--data-root", help="folder holding the raw dataset folders (default: the config's)")
+            p.add_argument("--dataset", action="append",
+                           help="check only this dataset (repeatable; default: the --configfile's datasets, "
+                                "else every registry entry)")
+            p.add_argument("--decode", type=int, default=2, help="images decoded per dataset (default 2)")
     p = sub.add_parser("targets", help="snakemake targets for one encoder and/or one task")
     p.add_argument("--configfile", action="append")
     p.add_argument("--encoder")
