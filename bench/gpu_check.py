@@ -44,8 +44,8 @@ FULL = {
 }
 GIANT = {**BASE, "name": "gpu_vitg14", "architecture": "vit_giant_patch14_dinov2", "input_size": 224,
          "pooling": "cls", "size_class": "giant"}
-SMOKE = {"vit_b16": ({**FULL["vit_b16"][0], "architecture": "vit_tiny_patch16_224", "input_size": 32}, 8, 4),
-         "efficientnet_lite0": ({**FULL["efficientnet_lite0"][0], "input_size": 64}, 8, 4)}
+SMOKE = {"vit_b16": ({**FULL["vit_b16"][0], "architecture": "vit_tiny_patch16_224", "input_size": 32}, 2, 2),
+         "efficientnet_lite0": ({**FULL["efficientnet_lite0"][0], "input_size": 32}, 2, 2)}
 SMOKE_GIANT = {**GIANT, "architecture": "vit_small_patch14_dinov2", "input_size": 28}
 
 
