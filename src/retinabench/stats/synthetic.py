@@ -12,7 +12,7 @@ import pandas as pd
 
 from retinabench.schemas import METRICS
 
-ALL_METRICS = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece")
+ALL_METRICS = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece", "ece_top_label")
 DOMAINS = ("natural", "cfp", "oct", "cfp+oct", "pathology", "radiology", "none")
 METHODS = ("supervised", "MAE", "DINOv2 self-distillation", "CLIP", "random initialisation")
 FAMILIES = ("dr_staging", "glaucoma", "dme", "amd", "myopia")
@@ -66,7 +66,7 @@ def synthetic_metrics(encoders: dict[str, dict], tasks: dict[str, dict], *, prot
              + np.array([interaction[(e, p)] for e, p in zip(df["encoder"], df["protocol"])])
              + np.array([task_fit[(e, t)] for e, t in zip(df["encoder"], df["task"])])
              + rng.normal(0, 0.01, n))
-    is_ece = (df["metric"] == "ece").to_numpy()
+    is_ece = df["metric"].isin(["ece", "ece_top_label"]).to_numpy()
     value = np.where(is_ece, np.clip(0.3 - 0.3 * value, 0.0, 1.0), np.clip(value, 0.0, 1.0))
     df["value"] = value
     df["dataset"] = df["task"].map({t: m["dataset"] for t, m in tasks.items()})
