@@ -72,8 +72,10 @@ def reliability_diagrams(tables: dict, encoders: dict, png, sel: dict) -> list[s
             c = cal[(cal["task"] == task) & (cal["encoder"] == enc)]
             if len(c):
                 r = c.iloc[0]
-                ax.text(0.03, 0.97, f"ECE {r['ece_before']:.3f}→{r['ece_after']:.3f}\nT={r['temperature']:.2f}, "
-                        f"n={r['n']}", transform=ax.transAxes, va="top", fontsize=7)
+                # one ECE vocabulary: binary `ece` (positive class), multi-class `ece_top_label`
+                key = "ece" if pd.notna(r["ece_before"]) else "ece_top_label"
+                ax.text(0.03, 0.97, f"{key} {r[f'{key}_before']:.3f}→{r[f'{key}_after']:.3f}\n"
+                        f"T={r['temperature']:.2f}, n={r['n']}", transform=ax.transAxes, va="top", fontsize=7)
             if i == 0:
                 ax.set_title(enc, fontsize=8)
             if j == 0:
@@ -83,7 +85,8 @@ def reliability_diagrams(tables: dict, encoders: dict, png, sel: dict) -> list[s
             ax.set_xlim(0, 1)
             ax.set_ylim(0, 1)
     axes[0, -1].legend(loc="lower right", fontsize=7, frameon=False)
-    fig.suptitle(title + "\nbinary: positive-class probability; multi-class: top-label confidence", fontsize=9)
+    fig.suptitle(title + "\nbinary: positive-class probability (ece); multi-class: top-label confidence "
+                         "(ece_top_label)", fontsize=9)
     paths = save(fig, png)
     plt.close(fig)
     return paths
