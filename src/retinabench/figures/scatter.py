@@ -11,6 +11,7 @@ import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 import pandas as pd
 
 
@@ -58,7 +59,7 @@ def subgroup_figure(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, 
     metric = table["metric"].iloc[0]
     points = table[table["reason"].fillna("") == ""]
     datasets = sorted(points["dataset"].dropna().unique())
-    markers = dict(zip(datasets, "osD^v<>px*"))
+    markers = {ds: "osD^v<>p*hH8dP"[i % 14] for i, ds in enumerate(datasets)}  # markers repeat past 14 datasets
     for ax, attribute in zip(axes[0], attributes):
         d = points[points["attribute"] == attribute]
         rows = table[table["attribute"] == attribute]
@@ -112,8 +113,22 @@ def lr_transfer_figure(table: pd.DataFrame, encoders: dict[str, dict], out_png, 
         raise ValueError("lr_transfer_figure: empty table")
     encs = [e for e in encoders if e in set(table["encoder"])] + sorted(set(table["encoder"]) - set(encoders))
     stages = sorted(table["stage"].unique())
-    fig, axes = plt.subplots(len(encs), len(stages), squeeze=False, layout="constrained",
-                             figsize=(3.6 * len(stages) + 0.6, 2.6 * len(encs) + 0.8))
+    # Encoders wrap into `per_row` blocks of stage columns; a fixed grid (no layout engine): the paper's grid of
+    # 34 swept encoders is ~70 panels, which constrained layout would take seconds per figure to solve.
+    per_row = 1 if len(encs) <= 6 else 3
+    n_rows = -(-len(encs) // per_row)
+    grid_axes = plt.subplots(n_rows, per_row * len(stages), squeeze=False,
+                             figsize=(3.4 * per_row * len(stages) + 0.6, 2.7 * n_rows + 1.0))
+    fig, grid = grid_axes
+    fig.subplots_adjust(left=0.06 / per_row ** 0.5, right=0.98, bottom=0.8 / (2.7 * n_rows + 1.0),
+                        top=1 - 0.9 / (2.7 * n_rows + 1.0), hspace=0.75, wspace=0.35)
+    axes = np.empty((len(encs), len(stages)), dtype=object)
+    for k in range(len(encs)):
+        for j in range(len(stages)):
+            axes[k, j] = grid[k // per_row, (k % per_row) * len(stages) + j]
+    for k in range(len(encs), n_rows * per_row):
+        for j in range(len(stages)):
+            grid[k // per_row, (k % per_row) * len(stages) + j].set_visible(False)
     metric = table["metric"].iloc[0]
     styles = {"sweep task": dict(ls="-", color="#1f4e79"), "transfer check": dict(ls="--", color="#C44E52")}
     for i, enc in enumerate(encs):
@@ -133,6 +148,10 @@ def lr_transfer_figure(table: pd.DataFrame, encoders: dict[str, dict], out_png, 
                            color=styles.get(role, {}).get("color", "black"))
             ax.axvline(float(d["lr_chosen"].iloc[0]), color="0.3", lw=0.9, ls=":")
             ax.set_xscale("log")
+            lrs = sorted(d["lr"].unique())  # ticks: the grid itself, plain labels (no minor log ticks, no mathtext)
+            ax.set_xticks(lrs, [f"{v:.0e}" for v in lrs])
+            ax.minorticks_off()
+            ax.yaxis.set_major_locator(MaxNLocator(4))
             verdict = "transfers" if bool(d["transfers"].iloc[0]) else "does not transfer"
             ax.set_title(f"{enc}: {d['protocol'].iloc[0]} ({d['lr_name'].iloc[0]})\nchosen lr {verdict}",
                          fontsize=8.5, color=domain_color(encoder_domain(encoders, enc)))
@@ -140,7 +159,7 @@ def lr_transfer_figure(table: pd.DataFrame, encoders: dict[str, dict], out_png, 
             ax.set_ylabel(f"validation {metric} (%)")
             ax.grid(alpha=0.3)
             if i == 0 and j == len(stages) - 1:
-                ax.legend(fontsize=7, frameon=False, loc="best")
+                ax.legend(fontsize=7, frameon=False, loc="lower right")
     if title:
         fig.suptitle(title)
     paths = save(fig, out_png)
