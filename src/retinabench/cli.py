@@ -1,5 +1,6 @@
 """Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets [--check]``, ``targets``,
-``lock-encoders``, ``check-encoder``. The pipeline itself runs through Snakemake (see README)."""
+``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``. The pipeline itself runs through
+Snakemake (see README)."""
 from __future__ import annotations
 
 import argparse
@@ -159,6 +160,35 @@ def cmd_check_encoder(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_evaluate(args) -> int:
+    """The benchmark's metrics table for any file in the predictions schema (e.g. a model run outside the
+    pipeline): hard-decision metrics from its y_pred as written, probability metrics from its p_<class> columns."""
+    from retinabench.metrics.classification import metrics_table
+    from retinabench.provenance import write_sidecar
+    from retinabench.registry import load_registry
+    from retinabench.schemas import read_table, write_table
+    preds = read_table(args.predictions, "predictions")
+    if args.tasks:
+        tasks, where = load_registry(args.tasks, "tasks"), args.tasks
+    else:
+        tasks, where = _registries(args).tasks, "the config's task registry"
+    unknown = sorted(set(preds["task"]) - set(tasks))
+    if unknown:
+        raise KeyError(f"{args.predictions}: task(s) {unknown} have no entry in {where}; add them to a task registry "
+                       "file (classes in the order of the p_<class> columns, ordinal) and pass it with --tasks FILE")
+    metrics = metrics_table(preds, tasks)
+    write_table(metrics, args.output, "metrics")
+    write_sidecar(args.output, rule="retinabench evaluate", inputs=[args.predictions],
+                  config={"tasks": {t: tasks[t] for t in sorted(set(preds["task"]))}},
+                  extra={"command": "retinabench evaluate", "n_rows": int(len(preds))})
+    summary = (metrics.groupby(["task", "encoder", "protocol", "regime", "split", "metric"], sort=True)["value"]
+               .agg(["mean", "std", "count"]).reset_index().rename(columns={"count": "n_seeds"}))
+    rows = [{k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()} for r in summary.to_dict("records")]
+    print(_table(rows, list(summary.columns)))
+    print(f"wrote {args.output} ({len(metrics)} rows)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="retinabench", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -197,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                                      "instead of the pinned source")
     p.add_argument("--configfile", action="append")
     p.set_defaults(fn=cmd_check_encoder)
+    p = sub.add_parser("evaluate", help="metrics table (metrics.parquet format) of a file in the predictions schema")
+    p.add_argument("predictions", help="Parquet file in the predictions schema (y_true, y_pred, p_<class>...)")
+    p.add_argument("-o", "--output", required=True, help="metrics Parquet file to write")
+    p.add_argument("--tasks", help="task registry YAML with the predictions' tasks (default: the config's)")
+    p.add_argument("--configfile", action="append")
+    p.set_defaults(fn=cmd_evaluate)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
