@@ -32,14 +32,14 @@ def test_the_default_config_passes_and_notes_unbuilt_manifests(tmp_path):
 
 
 def test_config_problems_are_all_listed_at_once(tmp_path):
-    cfg = base_config(results=str(tmp_path), encoders=["efficientnet_lite0_in1k", "vit_base_in21k_augreg"])
+    cfg = base_config(results=str(tmp_path), encoders=["efficientnet_lite0_in1k", "dinov2_vitb14"])
     cfg["split"] = {**cfg["split"], "fractions": {"train": 0.8, "val": 0.15, "test": 0.15}}
     cfg["features"] = {"batch_size": 64, "device": "gpu"}
     found = problems(cfg)
     assert len(found) == 3
     assert "split: split fractions must sum to 1" in found[0] and "sum 1.1" in found[0]
-    assert "encoder 'vit_base_in21k_augreg': pretrained weights are not pinned (no sha256 or revision" in found[1]
-    assert "retinabench pin-encoder vit_base_in21k_augreg" in found[1]
+    assert "encoder 'dinov2_vitb14' is not locked (hub weights)" in found[1]
+    assert "retinabench lock-encoders dinov2_vitb14" in found[1] and "encoders.lock.yaml" in found[1]
     assert "features.device: 'gpu' is not a device" in found[2]
 
 

@@ -178,17 +178,13 @@ def device_problems(value: str, where: str, *, local: bool, gpus_per_job: int = 
 
 
 def unpinned_encoders(registries: Registries, names: list[str]) -> list[str]:
-    problems = []
-    for name in names:
-        e = registries.encoder(name)
-        if e.get("init") == "random":
-            continue
-        missing = [k for k in ("sha256",) + (("revision", "weights_file") if e.get("hub_id") else ())
-                   if not e.get(k)]
-        if missing:
-            problems.append(f"encoder {name!r}: pretrained weights are not pinned (no {' or '.join(missing)} in the "
-                            f"encoder registry); `retinabench pin-encoder {name}` prints them (needs network once)")
-    return problems
+    """Selected encoders whose weights the lock file does not pin (retinabench.models.lock)."""
+    from retinabench.models.lock import unlocked
+    lines = unlocked(sorted(set(names)), registries.encoders)
+    if not lines:
+        return []
+    return [f"encoders without a valid lock record ({registries.encoders_lock_path}):\n      "
+            + "\n      ".join(lines)]
 
 
 def dataset_tasks(registries: Registries, dataset: str) -> list[dict]:

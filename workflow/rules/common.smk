@@ -7,6 +7,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 
 from retinabench.data.raw_state import RawState
+from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.workflow_plan import (ConfigError, check_config, dataset_tasks, manifest_code_hash,
                                        package_code_hash, plan)
 
@@ -27,14 +28,10 @@ wildcard_constraints:
     encoder="[A-Za-z0-9_.+-]+",
 
 
-# Per encoder size class: memory (MB), runtime (min) for feature extraction, and whether a GPU is requested.
-SIZE_RESOURCES = {
-    "tiny": {"mem_mb": 4000, "runtime": 30},
-    "small": {"mem_mb": 8000, "runtime": 30},
-    "base": {"mem_mb": 16000, "runtime": 60},
-    "large": {"mem_mb": 32000, "runtime": 120},
-    "huge": {"mem_mb": 64000, "runtime": 240},
-}
+# Per encoder size class (src/retinabench/models/sizes.py): feature batch size, host memory (MB), runtime (min) of
+# a features job and its GPU request; every class fits one GPU (ViT-G/14 included, far below an H100's 80 GB).
+SIZE_RESOURCES = SIZE_CLASSES
+
 
 
 def raw_fingerprint(dataset):
@@ -75,8 +72,9 @@ def _intended_executor():
     return None
 
 
-# Config problems that are knowable now (fractions, unpinned encoders, devices, class placement and knn.k on
-# existing manifests) stop `snakemake` and `snakemake -n` before any job runs. Remote jobs re-read the Snakefile:
+# Config problems that are knowable now (fractions; a selected encoder whose weights the lock file does not pin,
+# with the command that pins it; devices; class placement and knn.k on existing manifests) stop `snakemake` and
+# `snakemake -n` before any job runs, all listed at once. Remote jobs re-read the Snakefile:
 # they skip this (the main process checked).
 if workflow.is_main_process:
     for _dataset in RAW_STATES:  # raw changes first: a dataset whose raw data changed is rebuilt, not checked
@@ -95,6 +93,11 @@ def code_hash(*parts):
 
 def encoder_resource(key):
     return lambda wc: SIZE_RESOURCES[REG.encoder(wc.encoder)["size_class"]][key]
+
+
+def feature_settings(wc):
+    """The features config of one encoder's jobs, its batch size resolved from the size class (batch_size: auto)."""
+    return {**config["features"], "batch_size": feature_batch_size(REG.encoder(wc.encoder), config["features"])}
 
 
 def task_dataset(wc):
