@@ -25,23 +25,8 @@ from typing import Any, Callable
 import pandas as pd
 
 from retinabench.provenance import write_sidecar
+from retinabench.settings import ANALYSIS_DEFAULTS, analysis_settings  # noqa: F401  (re-exported)
 
-# Defaults of the config's `analysis:` section (config/config.yaml documents the same values).
-ANALYSIS_DEFAULTS: dict[str, Any] = {
-    "alpha": 0.05,
-    "split": "test",
-    "alternative_metrics": ["balanced_accuracy", "auroc"],
-    "protocol": None,
-    "fallback_protocol": "linear",
-    "subsets": {"modality": ["cfp", "oct"], "family": ["dr_staging", "glaucoma"]},
-    "top_k": 8,
-    "finetune_protocol": "finetune",
-    "linear_protocol": "linear_aug",
-    "subgroup_metrics": None,
-    "subgroup_pairs": {"age": ["<60", ">=60"], "sex": ["female", "male"]},
-    "lr_sweep_metrics": None,
-    "lr_reference": None,
-}
 ENCODER_FIELDS = ("domain", "method", "exposure", "params_m", "size_class")
 # The reliability layer's per-group metrics in the analysis format (workflow/rules/reliability.smk, rule
 # reliability_collect): the fairness family's input unless analysis.subgroup_metrics names another table.
@@ -51,15 +36,6 @@ SWEEP_SENSITIVITY = "sweep/lr_sensitivity.parquet"
 TASK_FIELDS = ("dataset", "modality", "family")
 DATASET_FIELDS = ("web_exposure_risk",)
 UNBALANCED, BALANCED = "u-u", "b-b"
-
-
-def analysis_settings(config: dict) -> dict:
-    """The `analysis:` section merged over the defaults; unknown keys are an error."""
-    given = config.get("analysis") or {}
-    unknown = sorted(set(given) - set(ANALYSIS_DEFAULTS))
-    if unknown:
-        raise KeyError(f"analysis: unknown key(s) {unknown}; known: {sorted(ANALYSIS_DEFAULTS)}")
-    return {**copy.deepcopy(ANALYSIS_DEFAULTS), **copy.deepcopy(given)}
 
 
 def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:
@@ -119,7 +95,7 @@ class AnalysisContext:
             protocols += [p for p in ft_protocols if p not in protocols]
         # The learning-rate sweep's per-encoder sensitivity table (finetune.smk, rule sweep_collect), unless the
         # analysis names another table; the sweep task and the transfer-check task (protocols.sweep.sweep_tasks).
-        from retinabench.protocols.sweep import sweep_settings, sweep_tasks
+        from retinabench.settings import sweep_settings, sweep_tasks
         sweep = sweep_settings(config)
         lr_source, lr_encoders, lr_grid, swept = settings["lr_sweep_metrics"], None, None, {}
         if lr_source is None and ft_protocols and sweep["enabled"] and config["ranking"]["regime"] in sweep["regimes"]:

@@ -22,68 +22,16 @@ import numpy as np
 import pandas as pd
 
 from retinabench.schemas import PREDICTIONS
+from retinabench.settings import (BOOTSTRAP_UNITS, RELIABILITY_DEFAULTS,  # noqa: F401  (re-exported)
+                                 reliability_settings)
 
-# Defaults of the config's `reliability:` section (config/config.yaml documents the same values).
-RELIABILITY_DEFAULTS: dict[str, Any] = {
-    "n_bins": 10,
-    "threshold_rule": "youden",            # youden | f1: the validation-chosen threshold (binary tasks)
-    "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95, "unit": "patient"},  # unit: patient | image
-    "min_group_size": 10,
-    "min_quality_group_size": 5,
-    "attributes": [
-        {"name": "age_median", "column": "age", "cut": "median"},
-        {"name": "age", "column": "age", "cut": 60},
-        {"name": "sex", "column": "sex", "groups": ["female", "male"]},
-    ],
-    "quality": [{"name": "quality", "column": "quality", "groups": ["good", "poor"]}],
-    "fairness_score_attributes": ["age_median", "sex"],
-    "harmonised": {},
-    "transfer": {"protocols": ["linear", "logreg"], "seeds": [0], "regimes": ["u-u"]},
-    "paired": {"sources": ["frozen", "transfer"], "protocols": None, "regime": "u-u",
-               "metrics": ["auroc", "auprc", "accuracy", "f1", "ece"], "pairs": [], "domain": ["modality", "shift"]},
-    "figures": {"source": "frozen", "protocol": None, "regime": "u-u", "seed": 0, "threshold": "y_pred",
-                "metric": "accuracy"},
-}
 KINDS = ("metrics", "thresholds", "calibration", "bins", "subgroups", "gaps", "coverage")
-# Bootstrap resampling unit: `patient` (default; a patient's images are drawn together, so correlated eyes and repeat
-# images do not shrink the intervals) or `image` (FOCUS's image-level resampling, for reproducing it).
-BOOTSTRAP_UNITS = ("patient", "image")
 # The hard decision a protocol wrote (its `y_pred`: the argmax for every probe and fine-tuning, FOCUS's argmax rule;
 # a parsed answer for an MLLM). Never recomputed from the probabilities.
 AS_WRITTEN = "y_pred"
 UNIT_KEYS = ["source", "train_dataset", "train_task", "encoder", "protocol", "seed", "regime"]
 CELL_KEYS = [*UNIT_KEYS, "dataset", "task"]
 ATTRIBUTE_COLUMNS = ("age", "sex", "quality", "site")
-
-
-def reliability_settings(config: dict) -> dict:
-    """The `reliability:` section merged over the defaults (nested dicts one level deep); unknown keys fail."""
-    given = copy.deepcopy(config.get("reliability") or {})
-    out = copy.deepcopy(RELIABILITY_DEFAULTS)
-    unknown = sorted(set(given) - set(out))
-    if unknown:
-        raise KeyError(f"reliability: unknown key(s) {unknown}; known: {sorted(out)}")
-    for key, value in given.items():
-        if isinstance(out[key], dict) and key != "harmonised":
-            bad = sorted(set(value or {}) - set(out[key]))
-            if bad:
-                raise KeyError(f"reliability.{key}: unknown key(s) {bad}; known: {sorted(out[key])}")
-            out[key].update(value or {})
-        else:
-            out[key] = value
-    if out["threshold_rule"] not in ("youden", "f1"):
-        raise ValueError(f"reliability.threshold_rule must be youden or f1, got {out['threshold_rule']!r}")
-    if out["bootstrap"]["n_boot"] < 1000:
-        raise ValueError(f"reliability.bootstrap.n_boot must be >= 1000, got {out['bootstrap']['n_boot']}")
-    if out["bootstrap"]["unit"] not in BOOTSTRAP_UNITS:
-        raise ValueError(f"reliability.bootstrap.unit must be patient or image, got {out['bootstrap']['unit']!r}")
-    domains = out["paired"]["domain"]
-    out["paired"]["domain"] = [domains] if isinstance(domains, str) else list(domains)
-    for h, entry in out["harmonised"].items():
-        bad = sorted(set(entry or {}) - {"definition", "not_supported"})
-        if bad:
-            raise KeyError(f"reliability.harmonised.{h}: unknown key(s) {bad}; known: definition, not_supported")
-    return out
 
 
 def attributes_of(settings: dict):

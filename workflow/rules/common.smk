@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 
 from retinabench.data.raw_state import RawState
 from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
+from retinabench.settings import PHANTOM_DEFAULTS
 from retinabench.workflow_plan import (ConfigError, check_config, dataset_tasks, manifest_code_hash,
                                        package_code_hash, plan)
 
@@ -18,7 +19,6 @@ RAW_STATES = {d: RawState(PLAN.dataset_root(d), f"{R}/data/{d}") for d in PLAN.d
               if not REG.dataset(d).get("generated")}
 RAW_REFRESHED = set()
 STAGE = "../scripts/stage.py"
-PHANTOM_DEFAULTS = {"n_patients": 80, "seed": 0, "image_size": 256}
 CACHE_TAG = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
 
 

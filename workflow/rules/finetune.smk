@@ -5,8 +5,8 @@
 # folder is deliberately not an output, so Snakemake never deletes it before the rerun.
 import math
 
-from retinabench.protocols.finetune import FINETUNE_PROTOCOLS, finetune_settings
-from retinabench.protocols.sweep import STAGES as SWEEP_STAGES, encoder_grid, sweep_settings, sweep_tasks
+from retinabench.settings import (FINETUNE_PROTOCOLS, SWEEP_STAGES, encoder_grid, finetune_settings, sweep_settings,
+                                 sweep_tasks)
 
 FT = finetune_settings(config)
 SW = sweep_settings(config)

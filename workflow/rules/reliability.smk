@@ -3,7 +3,7 @@
 # reliability_collect, reliability_paired and four figure jobs. Formulas and outputs: docs/reliability.md.
 from retinabench.data.derived import transfer_groups
 from retinabench.stages_reliability import KINDS as REL_KINDS
-from retinabench.stages_reliability import reliability_settings
+from retinabench.settings import reliability_settings
 
 RELIABILITY = reliability_settings(config)
 REL = f"{R}/reliability"
