@@ -25,9 +25,9 @@ include: "workflow/rules/analysis.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True
 
 
 apply_site_resources()  # workflow/rules/resources.smk: Slurm partition / GPU request of every rule (docs/slurm.md)

@@ -50,7 +50,7 @@ def dry_run(repo: Path, name: str, profile: bool) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"dag_{name}_"))
     work = tmp / "repo"
     work.mkdir()
-    for item in ("Snakefile", "workflow", "config", "profiles", "src"):
+    for item in ("Snakefile", "workflow", "config", "profiles", "envs", "src"):
         src = repo / item
         if src.exists():
             (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)

@@ -74,7 +74,7 @@ class AnalysisContext:
 
     @classmethod
     def from_config(cls, config: dict, registries, *, encoders: list[str], tasks: list[str],
-                    datasets: list[str]) -> "AnalysisContext":
+                    datasets: list[str]) -> AnalysisContext:
         settings = analysis_settings(config)
         protocols = list(config["protocols"])
         # Fine-tuning (workflow/rules/finetune.smk) adds its protocols' rows to the same metrics table when
@@ -171,7 +171,7 @@ class AnalysisContext:
         return _canonical(out)
 
     @classmethod
-    def from_params(cls, params: dict) -> "AnalysisContext":
+    def from_params(cls, params: dict) -> AnalysisContext:
         ctx = cls()
         for key in ("encoders", "tasks", "datasets", "protocols", "ft_protocols", "ft_regimes", "regimes",
                     "ranking", "headline", "sweep_tasks"):
@@ -357,7 +357,7 @@ def analysis_outputs(ctx: AnalysisContext, results: str) -> dict[str, dict[str, 
     return out
 
 
-def family_inputs(family: str, results: str, ctx: "AnalysisContext") -> dict[str, str]:
+def family_inputs(family: str, results: str, ctx: AnalysisContext) -> dict[str, str]:
     """Input paths of a family's job."""
     paths = {"metrics": f"{results}/metrics.parquet", "ranks": f"{results}/analysis/ranks.parquet"}
     if ctx.subgroups_path:

@@ -13,10 +13,9 @@ Snakemake rules call read inputs and write tables plus provenance sidecars. Form
 """
 from __future__ import annotations
 
-import copy
 import itertools
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -178,7 +177,7 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
             # calibration: before / after temperature scaling fitted on the unit's validation rows
             # (`ece`: positive-class, binary only; `ece_top_label`: top-label, every task)
             scaled = cal.apply_temperature(proba, temperature)
-            pos = (lambda pr: cal.binary_ece(y, pr[:, 1], n_bins)) if binary else (lambda pr: np.nan)
+            pos = (lambda pr: cal.binary_ece(y, pr[:, 1], n_bins)) if binary else (lambda pr: np.nan)  # noqa: B023 (called within the iteration)
             out["calibration"].append({**ckeys, "temperature": temperature, "n_val": int(len(yv)), "n": n,
                                        "ece_before": pos(proba), "ece_after": pos(scaled),
                                        "ece_top_label_before": cal.top_label_ece(y, proba, n_bins),
@@ -510,7 +509,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     if comp.empty:
         comp = pd.DataFrame(columns=["metric_family", "p_value", "skipped"])
     comp["p_bh"] = np.nan
-    for fam, idx in comp[~comp["skipped"].astype(bool)].groupby("metric_family").groups.items():
+    for _fam, idx in comp[~comp["skipped"].astype(bool)].groupby("metric_family").groups.items():
         comp.loc[idx, "p_bh"] = benjamini_hochberg(comp.loc[idx, "p_value"].to_numpy())
     # domain level: per grouping field, each of its values and `all`
     drows = []

@@ -5,7 +5,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from retinabench.registry import Registries, RegistryError
@@ -49,7 +49,7 @@ def plan(config: dict) -> Plan:
                 registries=reg, datasets=datasets, tasks=tasks, encoders=encoders)
 
 
-@lru_cache(maxsize=None)
+@cache
 def package_code_hash(*parts: str) -> str:
     """Short sha256 over the source files of package parts (``"protocols"``, ``"data/splits.py"``, ...)."""
     root = Path(__file__).resolve().parent
@@ -122,7 +122,7 @@ def module_closure(*modules: str) -> list[Path]:
     return sorted(set(seen.values()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def manifest_code_hash(adapter: str) -> str:
     """Code hash of one dataset's manifest job: its adapter module and what it imports (shared helpers), plus
     the manifest stage's own helpers. Adding or editing another adapter does not change it."""

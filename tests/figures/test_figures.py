@@ -45,8 +45,8 @@ def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
     root = tmp_path_factory.mktemp("analysis")
     outputs = run_all(ctx, tables, root)
     assert set(outputs) == set(FAMILIES)  # this synthetic study has every input, so every family runs
-    for family, out in outputs.items():
-        for key, path in out.items():
+    for _family, out in outputs.items():
+        for _key, path in out.items():
             data = Path(path).read_bytes()
             if path.endswith(".png"):
                 assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, path

@@ -1,5 +1,4 @@
 """Fine-tuning / augmented linear probe trainer on CPU with micro random-init models and tiny image caches."""
-import os
 import signal
 import subprocess
 import sys

@@ -9,16 +9,28 @@ from snakemake.exceptions import WorkflowError
 from retinabench.data.raw_state import RawState
 from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.settings import PHANTOM_DEFAULTS
-from retinabench.workflow_plan import (ConfigError, check_config, dataset_tasks, manifest_code_hash,
-                                       package_code_hash, plan)
+from retinabench.workflow_plan import (
+    ConfigError,
+    check_config,
+    dataset_tasks,
+    manifest_code_hash,
+    package_code_hash,
+    plan,
+)
 
 PLAN = plan(config)
 REG = PLAN.registries
 R = PLAN.results
-RAW_STATES = {d: RawState(PLAN.dataset_root(d), f"{R}/data/{d}") for d in PLAN.datasets
-              if not REG.dataset(d).get("generated")}
+RAW_STATES = {
+    d: RawState(PLAN.dataset_root(d), f"{R}/data/{d}") for d in PLAN.datasets if not REG.dataset(d).get("generated")
+}
 RAW_REFRESHED = set()
 STAGE = "../scripts/stage.py"
+# Conda environments of the rule groups (envs/*.yaml, pinned from requirements.lock by envs/sync.py); used with
+# `--sdm conda`, ignored otherwise (the active .venv runs every job).
+CORE_ENV = "../../envs/core.yaml"
+TORCH_ENV = "../../envs/torch.yaml"
+MLLM_ENV = "../../envs/mllm.yaml"
 CACHE_TAG = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
 
 
@@ -33,7 +45,6 @@ wildcard_constraints:
 SIZE_RESOURCES = SIZE_CLASSES
 
 
-
 def raw_fingerprint(dataset):
     """The dataset's raw fingerprint (retinabench.data.raw_state), refreshed once per workflow start in the main
     process: a changed, added or removed raw file makes it newer than the manifest, which reruns. Generated
@@ -46,9 +57,12 @@ def raw_fingerprint(dataset):
         RAW_REFRESHED.add(dataset)
         listed = changes["changed"] + changes["added"] + changes["removed"]
         if listed and os.path.exists(f"{R}/data/{dataset}/manifest.parquet"):
-            print(f"retinabench: raw data of {dataset} changed since its manifest was built: "
-                  f"{len(changes['changed'])} changed, {len(changes['added'])} added, "
-                  f"{len(changes['removed'])} removed (e.g. {listed[:3]}); see {path}", file=sys.stderr)
+            print(
+                f"retinabench: raw data of {dataset} changed since its manifest was built: "
+                f"{len(changes['changed'])} changed, {len(changes['added'])} added, "
+                f"{len(changes['removed'])} removed (e.g. {listed[:3]}); see {path}",
+                file=sys.stderr,
+            )
     return [str(path)]
 
 
@@ -61,8 +75,10 @@ def _intended_executor():
             return argv[i + 1]
         if arg.startswith("--executor="):
             return arg.split("=", 1)[1]
-    profile = next((argv[i + 1] for i, a in enumerate(argv) if a == "--profile" and i + 1 < len(argv)),
-                   os.environ.get("SNAKEMAKE_PROFILE"))
+    profile = next(
+        (argv[i + 1] for i, a in enumerate(argv) if a == "--profile" and i + 1 < len(argv)),
+        os.environ.get("SNAKEMAKE_PROFILE"),
+    )
     if profile:
         for folder in (profile, os.path.join(os.path.expanduser("~/.config/snakemake"), profile)):
             cfg = os.path.join(folder, "config.yaml")
@@ -105,8 +121,10 @@ def task_dataset(wc):
 
 
 def cache_files(dataset):
-    return {"array": f"{R}/data/{dataset}/images_{CACHE_TAG}.npy",
-            "index": f"{R}/data/{dataset}/images_{CACHE_TAG}.index.parquet"}
+    return {
+        "array": f"{R}/data/{dataset}/images_{CACHE_TAG}.npy",
+        "index": f"{R}/data/{dataset}/images_{CACHE_TAG}.index.parquet",
+    }
 
 
 def frozen_outputs(kind):

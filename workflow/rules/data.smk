@@ -8,39 +8,47 @@ GENERATED_ROOTS = {d["root"]: name for name, d in REG.datasets.items() if d.get(
 rule phantom:
     output:
         metadata=os.path.join(PLAN.data_root, "{generated_root}", "metadata.csv"),
+    log:
+        f"{R}/logs/phantom/{{generated_root}}.log",
+    wildcard_constraints:
+        generated_root="|".join(map(re.escape, GENERATED_ROOTS)) or "(?!)",
+    conda:
+        CORE_ENV
     params:
         stage="phantom",
         code=code_hash("data/phantom.py"),
         # The config's phantom settings, overridden per dataset by its registry `options`.
-        phantom=lambda wc: {**PHANTOM_DEFAULTS, **config.get("phantom", {}),
-                            **REG.dataset(GENERATED_ROOTS[wc.generated_root]).get("options", {})},
-    wildcard_constraints:
-        generated_root="|".join(map(re.escape, GENERATED_ROOTS)) or "(?!)",
-    log:
-        f"{R}/logs/phantom/{{generated_root}}.log",
+        phantom=lambda wc: {
+            **PHANTOM_DEFAULTS,
+            **config.get("phantom", {}),
+            **REG.dataset(GENERATED_ROOTS[wc.generated_root]).get("options", {}),
+        },
     script:
         STAGE
 
 
 rule manifest:
     input:
-        index=lambda wc: [os.path.join(PLAN.dataset_root(wc.dataset), f)
-                          for f in REG.dataset(wc.dataset)["index_files"]],
+        index=lambda wc: [
+            os.path.join(PLAN.dataset_root(wc.dataset), f) for f in REG.dataset(wc.dataset)["index_files"]
+        ],
         fingerprint=lambda wc: raw_fingerprint(wc.dataset),
     output:
         manifest=f"{R}/data/{{dataset}}/manifest.parquet",
         exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
         hashes=f"{R}/data/{{dataset}}/image_hashes.parquet",
         raw_files=f"{R}/data/{{dataset}}/raw_files.parquet",
+    log:
+        f"{R}/logs/manifest/{{dataset}}.log",
+    conda:
+        CORE_ENV
+    threads: 8
     params:
         stage="manifest",
         # Only this dataset's adapter and the helpers it imports: adding or editing another adapter reruns nothing.
         code=lambda wc: manifest_code_hash(REG.dataset(wc.dataset)["adapter"]),
         dataset=lambda wc: REG.dataset(wc.dataset),
         root=lambda wc: PLAN.dataset_root(wc.dataset),
-    threads: 8
-    log:
-        f"{R}/logs/manifest/{{dataset}}.log",
     script:
         STAGE
 
@@ -51,12 +59,14 @@ rule duplicates:
         hashes=f"{R}/data/{{dataset}}/image_hashes.parquet",
     output:
         duplicates=f"{R}/data/{{dataset}}/duplicates.parquet",
+    log:
+        f"{R}/logs/duplicates/{{dataset}}.log",
+    conda:
+        CORE_ENV
     params:
         stage="duplicates",
         code=code_hash("data/duplicates.py"),
         duplicates=config["duplicates"],
-    log:
-        f"{R}/logs/duplicates/{{dataset}}.log",
     script:
         STAGE
 
@@ -67,14 +77,16 @@ rule split:
         duplicates=f"{R}/data/{{dataset}}/duplicates.parquet",
     output:
         split=f"{R}/splits/{{dataset}}.parquet",
+    log:
+        f"{R}/logs/split/{{dataset}}.log",
+    conda:
+        CORE_ENV
     params:
         stage="split",
         code=code_hash("data/splits.py", "data/derived.py"),
         split=config["split"],
         # every registry task of the dataset (not only the selected ones): one assignment whatever a config selects
         tasks=lambda wc: dataset_tasks(REG, wc.dataset),
-    log:
-        f"{R}/logs/split/{{dataset}}.log",
     script:
         STAGE
 
@@ -86,13 +98,15 @@ rule task_split:
         assignment=f"{R}/splits/{{dataset}}.parquet",
     output:
         split=f"{R}/splits/{{dataset}}/{{task}}.parquet",
+    log:
+        f"{R}/logs/split/{{dataset}}/{{task}}.log",
+    conda:
+        CORE_ENV
     params:
         stage="task_split",
         code=code_hash("data/splits.py", "data/derived.py"),
         task=lambda wc: REG.task(wc.task),
         seed=config["split"]["seed"],
-    log:
-        f"{R}/logs/split/{{dataset}}/{{task}}.log",
     script:
         STAGE
 
@@ -103,13 +117,15 @@ rule cross_duplicates:
         splits=[f"{R}/splits/{d}.parquet" for d in PLAN.datasets],
     output:
         pairs=f"{R}/data/cross_dataset_duplicates.parquet",
+    log:
+        f"{R}/logs/duplicates/cross_dataset.log",
+    conda:
+        CORE_ENV
     params:
         stage="cross_duplicates",
         code=code_hash("data/duplicates.py"),
         duplicates=config["duplicates"],
         datasets=PLAN.datasets,
-    log:
-        f"{R}/logs/duplicates/cross_dataset.log",
     script:
         STAGE
 
@@ -120,15 +136,17 @@ rule image_cache:
     output:
         array=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.npy",
         index=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.index.parquet",
+    log:
+        f"{R}/logs/image_cache/{{dataset}}.log",
+    conda:
+        CORE_ENV
+    threads: 2
+    resources:
+        mem_mb=2000,
     params:
         stage="image_cache",
         code=code_hash("data/image_cache.py"),
         image_cache=config["image_cache"],
         root=lambda wc: PLAN.dataset_root(wc.dataset),
-    threads: 2
-    resources:
-        mem_mb=2000,
-    log:
-        f"{R}/logs/image_cache/{{dataset}}.log",
     script:
         STAGE

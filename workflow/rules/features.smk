@@ -7,17 +7,19 @@ rule features:
         unpack(lambda wc: cache_files(wc.dataset)),
     output:
         features=f"{R}/features/{{encoder}}/{{dataset}}.parquet",
-    params:
-        stage="features",
-        code=code_hash("models", "features"),
-        encoder=lambda wc: REG.encoder(wc.encoder),
-        features=feature_settings,
+    log:
+        f"{R}/logs/features/{{encoder}}/{{dataset}}.log",
+    conda:
+        TORCH_ENV
     threads: 2
     resources:
         mem_mb=encoder_resource("mem_mb"),
         runtime=encoder_resource("runtime"),
         gpu=encoder_resource("gpu"),
-    log:
-        f"{R}/logs/features/{{encoder}}/{{dataset}}.log",
+    params:
+        stage="features",
+        code=code_hash("models", "features"),
+        encoder=lambda wc: REG.encoder(wc.encoder),
+        features=feature_settings,
     script:
         STAGE

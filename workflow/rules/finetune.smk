@@ -5,8 +5,14 @@
 # folder is deliberately not an output, so Snakemake never deletes it before the rerun.
 import math
 
-from retinabench.settings import (FINETUNE_PROTOCOLS, SWEEP_STAGES, encoder_grid, finetune_settings, sweep_settings,
-                                 sweep_tasks)
+from retinabench.settings import (
+    FINETUNE_PROTOCOLS,
+    SWEEP_STAGES,
+    encoder_grid,
+    finetune_settings,
+    sweep_settings,
+    sweep_tasks,
+)
 
 FT = finetune_settings(config)
 SW = sweep_settings(config)
@@ -18,14 +24,18 @@ FT_REGIMES = list(FT["regimes"] or config["regimes"])
 for _e in FT_ENCODERS:
     REG.encoder(_e)
 if set(FT_TASKS) - set(PLAN.tasks):
-    raise ValueError(f"finetune.tasks {sorted(set(FT_TASKS) - set(PLAN.tasks))} are not tasks of this config "
-                     f"(its datasets' tasks: {PLAN.tasks})")
+    raise ValueError(
+        f"finetune.tasks {sorted(set(FT_TASKS) - set(PLAN.tasks))} are not tasks of this config "
+        f"(its datasets' tasks: {PLAN.tasks})"
+    )
 SWEEP_ON = FT_ON and bool(SW["enabled"])
 SWEEP_TASK, SENS_TASK = sweep_tasks(SW, FT_TASKS) if SWEEP_ON else (None, None)
 SWEEP_TASKS = [t for t in (SWEEP_TASK, SENS_TASK) if t]
 if set(SWEEP_TASKS) - set(PLAN.tasks):
-    raise ValueError(f"sweep tasks {sorted(set(SWEEP_TASKS) - set(PLAN.tasks))} are not tasks of this config "
-                     f"(its datasets' tasks: {PLAN.tasks})")
+    raise ValueError(
+        f"sweep tasks {sorted(set(SWEEP_TASKS) - set(PLAN.tasks))} are not tasks of this config "
+        f"(its datasets' tasks: {PLAN.tasks})"
+    )
 # What a job's result depends on (its params: editing anything else, e.g. the task list, reruns nothing).
 _NOT_RESULT = ("enabled", "protocols", "encoders", "tasks", "seeds", "regimes", "threads")
 _LRS = ("lr_encoder", "lr_classifier")
@@ -65,15 +75,25 @@ def sweep_path(encoder, task, stage, kind):
 
 def sweep_params(stage):
     lr_name = SWEEP_STAGES[stage][1]
-    return lambda wc: {"grid": encoder_grid(SW, wc.encoder)[lr_name], "seeds": SW["seeds"],
-                       "regimes": SW["regimes"], "epochs": SW["epochs"], "steps_per_epoch": SW["steps_per_epoch"]}
+    return lambda wc: {
+        "grid": encoder_grid(SW, wc.encoder)[lr_name],
+        "seeds": SW["seeds"],
+        "regimes": SW["regimes"],
+        "epochs": SW["epochs"],
+        "steps_per_epoch": SW["steps_per_epoch"],
+    }
 
 
 def sweep_runtime(stage):
     def runtime(wc):
         g = encoder_grid(SW, wc.encoder)[SWEEP_STAGES[stage][1]]
-        return ft_runtime(wc.encoder, len(g) * len(SW["seeds"]) * _train_regimes(SW["regimes"]),
-                          SW["epochs"] or FT["epochs"], SW["steps_per_epoch"] or FT["steps_per_epoch"])
+        return ft_runtime(
+            wc.encoder,
+            len(g) * len(SW["seeds"]) * _train_regimes(SW["regimes"]),
+            SW["epochs"] or FT["epochs"],
+            SW["steps_per_epoch"] or FT["steps_per_epoch"],
+        )
+
     return runtime
 
 
@@ -81,8 +101,13 @@ def finetune_metrics_files():
     """Per-job metrics tables of the fine-tuning protocols this config runs."""
     if not FT_ON:
         return []
-    return [_ft_path("metrics", p, e, t, s) for p in FT["protocols"] for e in FT_ENCODERS for t in FT_TASKS
-            for s in FT_SEEDS]
+    return [
+        _ft_path("metrics", p, e, t, s)
+        for p in FT["protocols"]
+        for e in FT_ENCODERS
+        for t in FT_TASKS
+        for s in FT_SEEDS
+    ]
 
 
 def finetune_prediction_files():
@@ -90,8 +115,12 @@ def finetune_prediction_files():
     layout of the frozen protocols' tables (for the reliability layer)."""
     if not FT_ON:
         return {}
-    return {f"{p}/{e}/{t}": f"{R}/predictions/{p}/{e}/{t}.parquet" for p in FT["protocols"] for e in FT_ENCODERS
-            for t in FT_TASKS}
+    return {
+        f"{p}/{e}/{t}": f"{R}/predictions/{p}/{e}/{t}.parquet"
+        for p in FT["protocols"]
+        for e in FT_ENCODERS
+        for t in FT_TASKS
+    }
 
 
 def finetune_targets():
@@ -113,6 +142,18 @@ rule finetune:
         log=_ft_path("training_logs", "{protocol}", "{encoder}", "{task}", "{seed}"),
         metrics=_ft_path("metrics", "{protocol}", "{encoder}", "{task}", "{seed}"),
         compute=_ft_path("compute", "{protocol}", "{encoder}", "{task}", "{seed}"),
+    log:
+        f"{R}/logs/finetune/{{protocol}}/{{encoder}}/{{task}}/seed{{seed}}.log",
+    wildcard_constraints:
+        protocol="|".join(FINETUNE_PROTOCOLS),
+        seed=r"\d+",
+    conda:
+        TORCH_ENV
+    threads: FT["threads"]
+    resources:
+        gpu=1,
+        mem_mb=encoder_resource("mem_mb"),
+        runtime=lambda wc: ft_runtime(wc.encoder, _train_regimes(FT_REGIMES), FT["epochs"], FT["steps_per_epoch"]),
     params:
         stage="finetune",
         code=code_hash(*FT_CODE),
@@ -121,16 +162,6 @@ rule finetune:
         finetune=FT_JOB,
         regimes=FT_REGIMES,
         checkpoints=lambda wc: f"{R}/checkpoints/{wc.protocol}/{wc.encoder}/{wc.task}/seed{wc.seed}",
-    wildcard_constraints:
-        protocol="|".join(FINETUNE_PROTOCOLS),
-        seed=r"\d+",
-    threads: FT["threads"]
-    resources:
-        gpu=1,
-        mem_mb=encoder_resource("mem_mb"),
-        runtime=lambda wc: ft_runtime(wc.encoder, _train_regimes(FT_REGIMES), FT["epochs"], FT["steps_per_epoch"]),
-    log:
-        f"{R}/logs/finetune/{{protocol}}/{{encoder}}/{{task}}/seed{{seed}}.log",
     script:
         STAGE
 
@@ -140,37 +171,60 @@ rule finetune_predictions:
         predictions=lambda wc: [_ft_path("predictions", wc.protocol, wc.encoder, wc.task, s) for s in FT_SEEDS],
     output:
         predictions=f"{R}/predictions/{{protocol}}/{{encoder}}/{{task}}.parquet",
-    params:
-        stage="finetune_predictions",
-    wildcard_constraints:
-        protocol="|".join(FINETUNE_PROTOCOLS),
     log:
         f"{R}/logs/finetune_predictions/{{protocol}}/{{encoder}}/{{task}}.log",
+    wildcard_constraints:
+        protocol="|".join(FINETUNE_PROTOCOLS),
+    conda:
+        CORE_ENV
+    params:
+        stage="finetune_predictions",
     script:
         STAGE
 
 
 rule finetune_compute:
     input:
-        compute=[_ft_path("compute", p, e, t, s) for p in FT["protocols"] for e in FT_ENCODERS for t in FT_TASKS
-                 for s in FT_SEEDS] if FT_ON else [],
+        compute=(
+            [
+                _ft_path("compute", p, e, t, s)
+                for p in FT["protocols"]
+                for e in FT_ENCODERS
+                for t in FT_TASKS
+                for s in FT_SEEDS
+            ]
+            if FT_ON
+            else []
+        ),
     output:
         compute=f"{R}/compute/finetune.parquet",
-    params:
-        stage="finetune_compute",
     log:
         f"{R}/logs/finetune_compute.log",
+    conda:
+        CORE_ENV
+    params:
+        stage="finetune_compute",
     script:
         STAGE
 
 
 rule sweep_linear:
     input:
-        unpack(lambda wc: {**cache_files(task_dataset(wc)),
-                           "split": f"{R}/splits/{task_dataset(wc)}/{wc.task}.parquet"}),
+        unpack(
+            lambda wc: {**cache_files(task_dataset(wc)), "split": f"{R}/splits/{task_dataset(wc)}/{wc.task}.parquet"}
+        ),
     output:
         metrics=sweep_path("{encoder}", "{task}", 1, "metrics"),
         runs=sweep_path("{encoder}", "{task}", 1, "runs"),
+    log:
+        f"{R}/logs/sweep/{{encoder}}/{{task}}/stage1.log",
+    conda:
+        TORCH_ENV
+    threads: FT["threads"]
+    resources:
+        gpu=1,
+        mem_mb=encoder_resource("mem_mb"),
+        runtime=sweep_runtime(1),
     params:
         stage="sweep_stage",
         sweep_stage=1,
@@ -180,25 +234,31 @@ rule sweep_linear:
         finetune=FT_SWEEP,
         sweep=sweep_params(1),
         checkpoints=lambda wc: f"{R}/checkpoints/sweep/{wc.encoder}/{wc.task}/stage1",
-    threads: FT["threads"]
-    resources:
-        gpu=1,
-        mem_mb=encoder_resource("mem_mb"),
-        runtime=sweep_runtime(1),
-    log:
-        f"{R}/logs/sweep/{{encoder}}/{{task}}/stage1.log",
     script:
         STAGE
 
 
 rule sweep_finetune:
     input:
-        unpack(lambda wc: {**cache_files(task_dataset(wc)),
-                           "split": f"{R}/splits/{task_dataset(wc)}/{wc.task}.parquet",
-                           "stage1": sweep_path(wc.encoder, wc.task, 1, "runs")}),
+        unpack(
+            lambda wc: {
+                **cache_files(task_dataset(wc)),
+                "split": f"{R}/splits/{task_dataset(wc)}/{wc.task}.parquet",
+                "stage1": sweep_path(wc.encoder, wc.task, 1, "runs"),
+            }
+        ),
     output:
         metrics=sweep_path("{encoder}", "{task}", 2, "metrics"),
         runs=sweep_path("{encoder}", "{task}", 2, "runs"),
+    log:
+        f"{R}/logs/sweep/{{encoder}}/{{task}}/stage2.log",
+    conda:
+        TORCH_ENV
+    threads: FT["threads"]
+    resources:
+        gpu=1,
+        mem_mb=encoder_resource("mem_mb"),
+        runtime=sweep_runtime(2),
     params:
         stage="sweep_stage",
         sweep_stage=2,
@@ -208,13 +268,6 @@ rule sweep_finetune:
         finetune=FT_SWEEP,
         sweep=sweep_params(2),
         checkpoints=lambda wc: f"{R}/checkpoints/sweep/{wc.encoder}/{wc.task}/stage2",
-    threads: FT["threads"]
-    resources:
-        gpu=1,
-        mem_mb=encoder_resource("mem_mb"),
-        runtime=sweep_runtime(2),
-    log:
-        f"{R}/logs/sweep/{{encoder}}/{{task}}/stage2.log",
     script:
         STAGE
 
@@ -225,12 +278,14 @@ rule sweep_choose:
         stage2=lambda wc: sweep_path(wc.encoder, SWEEP_TASK, 2, "runs"),
     output:
         chosen=f"{R}/sweep/{{encoder}}/chosen.json",
+    log:
+        f"{R}/logs/sweep/{{encoder}}/choose.log",
+    conda:
+        TORCH_ENV
     params:
         stage="sweep_choose",
         code=code_hash("protocols/sweep.py"),
         task=SWEEP_TASK,
-    log:
-        f"{R}/logs/sweep/{{encoder}}/choose.log",
     script:
         STAGE
 
@@ -241,11 +296,13 @@ rule sweep_sensitivity:
         runs=lambda wc: [sweep_path(wc.encoder, t, s, "runs") for t in SWEEP_TASKS for s in SWEEP_STAGES],
     output:
         sensitivity=f"{R}/sweep/{{encoder}}/sensitivity.parquet",
+    log:
+        f"{R}/logs/sweep/{{encoder}}/sensitivity.log",
+    conda:
+        TORCH_ENV
     params:
         stage="sweep_sensitivity",
         code=code_hash("protocols/sweep.py"),
-    log:
-        f"{R}/logs/sweep/{{encoder}}/sensitivity.log",
     script:
         STAGE
 
@@ -257,9 +314,11 @@ rule sweep_collect:
     output:
         metrics=f"{R}/sweep/lr_sweep_metrics.parquet",
         sensitivity=f"{R}/sweep/lr_sensitivity.parquet",
-    params:
-        stage="sweep_collect",
     log:
         f"{R}/logs/sweep/collect.log",
+    conda:
+        CORE_ENV
+    params:
+        stage="sweep_collect",
     script:
         STAGE

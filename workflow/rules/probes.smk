@@ -10,18 +10,33 @@ rule frozen:
         predictions=f"{R}/predictions/frozen/{{encoder}}/{{task}}.parquet",
         log=f"{R}/training_logs/frozen/{{encoder}}/{{task}}.parquet",
         metrics=f"{R}/metrics/frozen/{{encoder}}/{{task}}.parquet",
-    params:
-        stage="frozen",
-        code=code_hash("protocols/frozen.py", "protocols/knn.py", "protocols/linear.py", "protocols/logreg.py",
-                       "protocols/common.py", "metrics/classification.py", "data/splits.py"),
-        task=lambda wc: REG.task(wc.task),
-        protocols={"names": config["protocols"], "seeds": config["seeds"], "regimes": config["regimes"],
-                   "knn": config["knn"], "linear": config["linear"], "logreg": config["logreg"]},
+    log:
+        f"{R}/logs/frozen/{{encoder}}/{{task}}.log",
+    conda:
+        TORCH_ENV
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
-    log:
-        f"{R}/logs/frozen/{{encoder}}/{{task}}.log",
+    params:
+        stage="frozen",
+        code=code_hash(
+            "protocols/frozen.py",
+            "protocols/knn.py",
+            "protocols/linear.py",
+            "protocols/logreg.py",
+            "protocols/common.py",
+            "metrics/classification.py",
+            "data/splits.py",
+        ),
+        task=lambda wc: REG.task(wc.task),
+        protocols={
+            "names": config["protocols"],
+            "seeds": config["seeds"],
+            "regimes": config["regimes"],
+            "knn": config["knn"],
+            "linear": config["linear"],
+            "logreg": config["logreg"],
+        },
     script:
         STAGE

@@ -12,15 +12,18 @@ TRANSFER_GROUPS = transfer_groups(PLAN_TASKS)
 # Settings each per-job table depends on (figure, paired and transfer settings only rerun their own jobs).
 REL_JOB_SETTINGS = {k: v for k, v in RELIABILITY.items() if k not in ("figures", "paired", "transfer", "harmonised")}
 REL_CODE = code_hash("metrics", "stats/bootstrap.py", "data/derived.py", "stages_reliability.py")
-REL_FIGURES = {"reliability_diagrams": ("calibration", ["bins", "calibration"]),
-               "fairness_gaps": ("fairness", ["gaps"]),
-               "subgroup_scatter": ("fairness", ["subgroups"]),
-               "transfer": ("transfer", ["metrics"])}
+REL_FIGURES = {
+    "reliability_diagrams": ("calibration", ["bins", "calibration"]),
+    "fairness_gaps": ("fairness", ["gaps"]),
+    "subgroup_scatter": ("fairness", ["subgroups"]),
+    "transfer": ("transfer", ["metrics"]),
+}
 
 
 def transfer_prediction_files():
-    return {f"transfer/{e}/{g}": f"{R}/predictions/transfer/{e}/{g}.parquet"
-            for e in PLAN.encoders for g in TRANSFER_GROUPS}
+    return {
+        f"transfer/{e}/{g}": f"{R}/predictions/transfer/{e}/{g}.parquet" for e in PLAN.encoders for g in TRANSFER_GROUPS
+    }
 
 
 def reliability_prediction_files():
@@ -53,10 +56,16 @@ def reliability_figure_targets():
 
 def reliability_targets():
     """Reliability outputs requested by `all`."""
-    return ([f"{REL}/{k}.parquet" for k in REL_KINDS]
-            + [f"{REL}/subgroup_metrics.parquet", f"{REL}/summary_scores.parquet",
-               f"{REL}/paired_comparisons.parquet", f"{REL}/paired_domains.parquet"]
-            + reliability_figure_targets())
+    return (
+        [f"{REL}/{k}.parquet" for k in REL_KINDS]
+        + [
+            f"{REL}/subgroup_metrics.parquet",
+            f"{REL}/summary_scores.parquet",
+            f"{REL}/paired_comparisons.parquet",
+            f"{REL}/paired_domains.parquet",
+        ]
+        + reliability_figure_targets()
+    )
 
 
 rule transfer:
@@ -65,20 +74,22 @@ rule transfer:
         splits=lambda wc: [f"{R}/splits/{REG.task(t)['dataset']}/{t}.parquet" for t in TRANSFER_GROUPS[wc.group]],
     output:
         predictions=f"{R}/predictions/transfer/{{encoder}}/{{group}}.parquet",
+    log:
+        f"{R}/logs/transfer/{{encoder}}/{{group}}.log",
+    wildcard_constraints:
+        group="|".join(map(re.escape, TRANSFER_GROUPS)) or "(?!)",
+    conda:
+        TORCH_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
     params:
         stage="transfer",
         code=code_hash("protocols"),
         tasks=lambda wc: [REG.task(t) for t in TRANSFER_GROUPS[wc.group]],
         transfer=RELIABILITY["transfer"],
         probes={"knn": config["knn"], "linear": config["linear"], "logreg": config["logreg"]},
-    wildcard_constraints:
-        group="|".join(map(re.escape, TRANSFER_GROUPS)) or "(?!)",
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
-    log:
-        f"{R}/logs/transfer/{{encoder}}/{{group}}.log",
     script:
         STAGE
 
@@ -91,19 +102,21 @@ rule reliability:
         splits=lambda wc: [f"{R}/splits/{REG.task(t)['dataset']}/{t}.parquet" for t in _rel_tasks(wc.source, wc.name)],
     output:
         **{k: f"{REL}/jobs/{{source}}/{{encoder}}/{{name}}/{k}.parquet" for k in REL_KINDS},
+    log:
+        f"{R}/logs/reliability/{{source}}/{{encoder}}/{{name}}.log",
+    wildcard_constraints:
+        source="[a-z][a-z0-9_]*",
+    conda:
+        CORE_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
     params:
         stage="reliability",
         code=REL_CODE,
         reliability=REL_JOB_SETTINGS,
         tasks=lambda wc: {t: REG.task(t) for t in _rel_tasks(wc.source, wc.name)},
-    wildcard_constraints:
-        source="[a-z][a-z0-9_]*",
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
-    log:
-        f"{R}/logs/reliability/{{source}}/{{encoder}}/{{name}}.log",
     script:
         STAGE
 
@@ -115,14 +128,16 @@ rule reliability_collect:
         **{k: f"{REL}/{k}.parquet" for k in REL_KINDS},
         subgroup_metrics=f"{REL}/subgroup_metrics.parquet",
         scores=f"{REL}/summary_scores.parquet",
+    log:
+        f"{R}/logs/reliability/collect.log",
+    conda:
+        CORE_ENV
     params:
         stage="reliability_collect",
         code=REL_CODE,
         reliability={**REL_JOB_SETTINGS, "harmonised": RELIABILITY["harmonised"]},
         tasks=PLAN_TASKS,
         datasets=PLAN.datasets,
-    log:
-        f"{R}/logs/reliability/collect.log",
     script:
         STAGE
 
@@ -143,6 +158,10 @@ rule reliability_paired:
     output:
         comparisons=f"{REL}/paired_comparisons.parquet",
         domains=f"{REL}/paired_domains.parquet",
+    log:
+        f"{R}/logs/reliability/paired.log",
+    conda:
+        CORE_ENV
     params:
         stage="reliability_paired",
         code=REL_CODE,
@@ -150,8 +169,6 @@ rule reliability_paired:
         tasks=PLAN_TASKS,
         sources=_paired_sources(),
         encoders=PLAN.encoders,
-    log:
-        f"{R}/logs/reliability/paired.log",
     script:
         STAGE
 
@@ -160,9 +177,19 @@ rule reliability_figure:
     input:
         unpack(lambda wc: {k: f"{REL}/{k}.parquet" for k in REL_FIGURES[wc.figure][1]}),
     output:
-        png=report(f"{R}/figures/reliability/{{figure}}.png", category="7. Reliability", subcategory="{figure}",
-                   labels={"figure": "{figure}"}),
+        png=report(
+            f"{R}/figures/reliability/{{figure}}.png",
+            category="7. Reliability",
+            subcategory="{figure}",
+            labels={"figure": "{figure}"},
+        ),
         pdf=f"{R}/figures/reliability/{{figure}}.pdf",
+    log:
+        f"{R}/logs/figures/reliability/{{figure}}.log",
+    wildcard_constraints:
+        figure="|".join(REL_FIGURES),
+    conda:
+        CORE_ENV
     params:
         stage="reliability_figure",
         code=code_hash("figures/reliability.py", "figures/style.py"),
@@ -170,9 +197,5 @@ rule reliability_figure:
         reliability={"figures": RELIABILITY["figures"]},
         protocols=config["protocols"],
         encoders=lambda wc: {e: REG.encoder(e) for e in PLAN.encoders},
-    wildcard_constraints:
-        figure="|".join(REL_FIGURES),
-    log:
-        f"{R}/logs/figures/reliability/{{figure}}.log",
     script:
         STAGE

@@ -34,17 +34,26 @@ def load_site(path=None, flavour=None):
     unknown = set(chosen) - SITE_KEYS
     missing = {"cpu_partition", "gpu_partition"} - set(chosen)
     if unknown or missing:
-        raise WorkflowError(f"Slurm site settings {path}, flavour {name}: unknown keys {sorted(unknown)}, "
-                            f"missing keys {sorted(missing)}")
-    return {"path": str(path), "flavour": name, "account": site.get("account"), "qos": site.get("qos"),
-            **{k: chosen.get(k) for k in SITE_KEYS}}
+        raise WorkflowError(
+            f"Slurm site settings {path}, flavour {name}: unknown keys {sorted(unknown)}, "
+            f"missing keys {sorted(missing)}"
+        )
+    return {
+        "path": str(path),
+        "flavour": name,
+        "account": site.get("account"),
+        "qos": site.get("qos"),
+        **{k: chosen.get(k) for k in SITE_KEYS},
+    }
 
 
 SLURM_SITE = load_site()
 if SLURM_SITE["arch"] and SLURM_SITE["arch"] != platform.machine():
-    print(f"retinabench: Slurm flavour {SLURM_SITE['flavour']!r} runs on {SLURM_SITE['arch']} nodes but this Python "
-          f"is {platform.machine()}; jobs started from it would not run there (docs/slurm.md, GH200)",
-          file=sys.stderr)
+    print(
+        f"retinabench: Slurm flavour {SLURM_SITE['flavour']!r} runs on {SLURM_SITE['arch']} nodes but this Python "
+        f"is {platform.machine()}; jobs started from it would not run there (docs/slurm.md, GH200)",
+        file=sys.stderr,
+    )
 
 
 def _explicit(job_rule, key, defaults_count=True):
@@ -85,6 +94,7 @@ def slurm_resources_for(job_rule, site=None):
         def value(wildcards, input, threads, attempt):
             n = count(wildcards, input, threads, attempt) if callable(count) else count
             return gpu_value(n, threads) if n > 0 else otherwise
+
         return value
 
     out.update(

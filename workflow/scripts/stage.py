@@ -1,10 +1,15 @@
 """Snakemake `script:` entry: turn the rule's job into a plain Job and call the package stage (params.stage)."""
 import contextlib
+import importlib.util
+import sys
 import traceback
-
-from retinabench.stages import Job, run_stage
+from pathlib import Path
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
+if importlib.util.find_spec("retinabench") is None:  # a conda environment (--sdm conda): this checkout's package
+    sys.path.insert(0, str(Path(sm.scriptdir).parents[1] / "src"))
+
+from retinabench.stages import Job, run_stage  # noqa: E402
 job = Job(rule=sm.rule, input=dict(sm.input.items()), output=dict(sm.output.items()),
           params={k: v for k, v in sm.params.items() if k != "stage"}, wildcards=dict(sm.wildcards.items()),
           threads=sm.threads)

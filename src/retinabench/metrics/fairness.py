@@ -63,7 +63,7 @@ class Attribute:
     min_group_size: int = 10
 
     @classmethod
-    def from_config(cls, entry: dict, *, kind: str, min_group_size: int) -> "Attribute":
+    def from_config(cls, entry: dict, *, kind: str, min_group_size: int) -> Attribute:
         unknown = sorted(set(entry) - {"name", "column", "cut", "groups", "min_group_size"})
         if unknown:
             raise KeyError(f"reliability attribute {entry.get('name')!r}: unknown key(s) {unknown}")

@@ -21,7 +21,7 @@ same augmentation:
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -75,7 +75,7 @@ class TrainConfig:
         self.augment = augment_settings(self.augment)  # partial dicts get the defaults; unknown keys fail
 
     @classmethod
-    def from_settings(cls, settings: dict, **overrides) -> "TrainConfig":
+    def from_settings(cls, settings: dict, **overrides) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in settings.items() if k in names}
         kwargs.update(overrides)
@@ -497,8 +497,8 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
 
         def proba(rows_idx, labels):
             ds = CachedImageDataset(array_path, rows_idx, labels)
-            logits, _ = trainer.logits(_loader(ds, SequentialBatchSampler(len(ds), cfg.eval_batch_size),
-                                               num_workers=workers, pin=pin, seed=seed))
+            logits, _ = trainer.logits(_loader(ds, SequentialBatchSampler(len(ds), cfg.eval_batch_size),  # noqa: B023 (called within the iteration)
+                                               num_workers=workers, pin=pin, seed=seed))  # noqa: B023 (called within the iteration)
             return torch.softmax(logits.double(), dim=1).numpy()
 
         proba_val = proba(va_idx, va["y"].to_numpy())

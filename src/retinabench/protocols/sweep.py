@@ -14,12 +14,10 @@ metric at the optimal learning rate vs the mean over the sub-optimal ones (see :
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
-import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pandas as pd

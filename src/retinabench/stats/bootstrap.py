@@ -177,8 +177,8 @@ def weighted_metrics(names: Iterable[str], y, proba, pred, W, *, n_bins: int = 1
                 out[name] = w_ece(proba.argmax(1) == y, proba.max(1), W, n_bins)
             else:
                 tp, fp, fn, tn = _confusion(y, pred, W)
-                out[name] = {"f1": lambda: _f1(tp, fp, fn), "ppr": lambda: _ratio(tp + fp, total),
-                             "tpr": lambda: _ratio(tp, tp + fn), "fpr": lambda: _ratio(fp, fp + tn)}[name]()
+                out[name] = {"f1": lambda: _f1(tp, fp, fn), "ppr": lambda: _ratio(tp + fp, total),  # noqa: B023 (called within the iteration)
+                             "tpr": lambda: _ratio(tp, tp + fn), "fpr": lambda: _ratio(fp, fp + tn)}[name]()  # noqa: B023 (called within the iteration)
         elif k > 2 and name in MULTICLASS_METRICS:
             if name == "accuracy":
                 out[name] = _ratio(W @ (pred == y), total)
