@@ -58,5 +58,7 @@ def all_metrics_files():
 def all_targets():
     targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
     targets += [f"{R}/data/{d}/exclusions.parquet" for d in PLAN.datasets]
-    # analysis_targets(): analysis.smk; reliability_targets(): reliability.smk; finetune_targets(): finetune.smk
-    return targets + analysis_targets() + reliability_targets() + finetune_targets()
+    # analysis_targets(): analysis.smk; reliability_targets(): reliability.smk; finetune_targets(): finetune.smk;
+    # saliency_targets(): saliency.smk; compute_targets(): compute.smk
+    return (targets + analysis_targets() + reliability_targets() + finetune_targets() + saliency_targets()
+            + compute_targets())
