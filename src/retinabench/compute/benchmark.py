@@ -74,7 +74,7 @@ def compute_settings(config: dict) -> dict:
             raise KeyError(f"compute.{part}: unknown key(s) {bad}; known: {sorted(COMPUTE_DEFAULTS[part])}")
         out[part] = {**COMPUTE_DEFAULTS[part], **sub}
     wrong = sorted(set(out["training"]["protocols"]) - {"finetune", "linear_aug"})
-    if wrong:
+    if wrong or not out["training"]["protocols"]:
         raise ValueError(f"compute.training.protocols: unknown {wrong}; expected finetune and/or linear_aug")
     if out["precision"] not in ("auto", "bf16", "fp32"):
         raise ValueError(f"compute.precision must be auto, bf16 or fp32, got {out['precision']!r}")

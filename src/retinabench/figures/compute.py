@@ -91,7 +91,7 @@ def compute_figures(table: pd.DataFrame, encoders: dict[str, dict], out_pngs: di
         ax.set_title(f"Training {'memory' if 'memory' in name else 'time per step'} — {setting}", fontsize=8)
         ax.legend(handles=[Patch(facecolor="#8C8C8C", label=TRAIN_LABELS[p], hatch="////" if j else None,
                                  edgecolor="white", linewidth=0) for j, p in enumerate(protocols)],
-                  loc="lower right", fontsize=7, frameon=False)
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         domain_legend(fig, encoders, order, loc="outside lower center", ncol=7)
         paths += save(fig, out_pngs[name])
         plt.close(fig)
