@@ -4,7 +4,8 @@ The attribution is taken with respect to the input the pipeline feeds the model:
 by default) scaled to [0, 1] and normalised with the encoder's mean/std. When the encoder's input size differs,
 the resize happens inside the attributed function (:class:`CacheInput`), so attributions always live on the
 pixel grid of the image shown beside them. Noise (``stdev``) is added by NoiseTunnel in that normalised space, and
-the noise draws are seeded, so on CPU a map is reproducible bit for bit.
+the noise draws are seeded, so on CPU a map is reproducible bit for bit. Attribution always runs in fp32 (no
+autocast, also on CUDA): integrated gradients sums many small gradients, which bf16 would round away.
 """
 from __future__ import annotations
 
