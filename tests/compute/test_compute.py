@@ -13,6 +13,15 @@ def entry(name, arch, size=64):
             "normalization": "imagenet", "pooling": "avg", "size_class": "tiny", "domain": "none"}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """In-process work (FLOP counting) on one torch thread; the workers get `threads: 1` from SETTINGS."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 SMALL, LARGE = entry("small", "test_resnet"), entry("large", "resnet18")  # 0.37 M vs 11.2 M parameters
 SETTINGS = compute_settings({"compute": {"threads": 1, "inference": {"warmup": 3},
                                          "training": {"batch_size": 8, "warmup": 2, "steps": 6,

@@ -21,8 +21,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BOXES = {"upper_left": (8, 24, 8, 24), "lower_right": (40, 56, 40, 56)}
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def one_thread():
+    """Tiny models on a shared 2-core machine: one torch thread (module scope: also for the module fixtures)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
