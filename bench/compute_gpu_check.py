@@ -12,7 +12,8 @@ ratios ViT-B / ResNet-50 and fine-tuning / linear probing. Checks that must hold
 
 Paper settings (default, for a lent GPU): ``python bench/compute_gpu_check.py`` (batch 1 inference over 200
 images after 10 warm-up passes, 25 training steps at batch 64 after 3). CPU dry run with tiny settings:
-``python bench/compute_gpu_check.py --device cpu --images 3 --warmup 1 --batch 4 --steps 2 --threads 2``.
+``python bench/compute_gpu_check.py --device cpu --images 3 --warmup 1 --batch 4 --steps 2 --threads 2``;
+``--smoke``: the same code and checks on ViT-Tiny and ResNet-18 at 64 px (tests/bench/test_compute_gpu_check_smoke.py).
 """
 from __future__ import annotations
 
@@ -30,16 +31,21 @@ from common import make_cache  # noqa: E402
 from retinabench.compute import benchmark_encoder, compute_settings  # noqa: E402
 from retinabench.protocols.finetune import finetune_settings  # noqa: E402
 
-ENCODERS = {
-    "resnet50_random": {"architecture": "resnet50", "pooling": "avg", "gflops": 8.18, "domain": "none"},
-    "vit_base_random": {"architecture": "vit_base_patch16_224", "pooling": "cls", "gflops": 35.1, "domain": "none"},
+ENCODERS = {  # (small, large): reference GFLOPs at `size` px
+    "resnet50_random": {"architecture": "resnet50", "pooling": "avg", "gflops": 8.18, "size": 224},
+    "vit_base_random": {"architecture": "vit_base_patch16_224", "pooling": "cls", "gflops": 35.1, "size": 224},
+}
+# --smoke: the same code on two small models at 64 px on the CPU (tests/bench runs it, so the script cannot rot).
+SMOKE = {
+    "vit_tiny_random": {"architecture": "vit_tiny_patch16_224", "pooling": "cls", "gflops": 0.1879, "size": 64},
+    "resnet18_random": {"architecture": "resnet18", "pooling": "avg", "gflops": 0.2961, "size": 64},
 }
 
 
-def entry(name: str) -> dict:
-    e = ENCODERS[name]
-    return {"name": name, "source": "timm", "architecture": e["architecture"], "init": "random", "input_size": 224,
-            "normalization": "imagenet", "pooling": e["pooling"], "size_class": "base", "domain": e["domain"]}
+def entry(name: str, spec: dict) -> dict:
+    return {"name": name, "source": "timm", "architecture": spec["architecture"], "init": "random",
+            "input_size": spec["size"], "normalization": "imagenet", "pooling": spec["pooling"], "size_class": "base",
+            "domain": "none"}
 
 
 def main(argv=None) -> int:
@@ -51,7 +57,14 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64, help="training batch size")
     ap.add_argument("--steps", type=int, default=25, help="timed training steps")
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--smoke", action="store_true", help="two small models at 64 px, CPU, tiny settings")
+    ap.add_argument("--json", help="also write the table here (records)")
     a = ap.parse_args(argv)
+    encoders = ENCODERS
+    if a.smoke:
+        encoders = SMOKE
+        a.device, a.images, a.warmup, a.batch, a.steps, a.threads = "cpu", 3, 1, 4, 2, 1
+    small, large = list(encoders)
     settings = compute_settings({"compute": {
         "device": a.device, "precision": a.precision, "threads": a.threads,
         "inference": {"batch_size": 1, "warmup": a.warmup, "images": a.images},
@@ -59,10 +72,10 @@ def main(argv=None) -> int:
     n_train = 2 * a.batch
     tables = []
     with tempfile.TemporaryDirectory() as tmp:
-        arr, _ = make_cache(Path(tmp), a.images + n_train, size=224)
-        for name in ENCODERS:
+        arr, _ = make_cache(Path(tmp), a.images + n_train, size=max(s["size"] for s in encoders.values()))
+        for name, spec in encoders.items():
             t0 = time.perf_counter()
-            t = benchmark_encoder(entry(name), arr, test_rows=range(a.images),
+            t = benchmark_encoder(entry(name, spec), arr, test_rows=range(a.images),
                                   train_rows=range(a.images, a.images + n_train),
                                   train_labels=np.arange(n_train) % 3, n_classes=3, settings=settings,
                                   train_settings=finetune_settings({}), task="synthetic")
@@ -78,11 +91,11 @@ def main(argv=None) -> int:
     print(f"device {table['device_name'].iloc[0]}, torch {table['torch'].iloc[0]}, CUDA {table['cuda'].iloc[0]}, "
           f"memory kind {sorted(set(table['peak_mem_kind']))}")
     for phase in ("inference", "finetune", "linear_aug"):
-        v, c = r.loc[("vit_base_random", phase)], r.loc[("resnet50_random", phase)]
-        print(f"{phase:10s} ViT-B / ResNet-50: time {v['seconds_median'] / c['seconds_median']:.2f}x, "
+        v, c = r.loc[(large, phase)], r.loc[(small, phase)]
+        print(f"{phase:10s} {large} / {small}: time {v['seconds_median'] / c['seconds_median']:.2f}x, "
               f"peak memory {v['peak_mem_mb'] / c['peak_mem_mb']:.2f}x")
     failures = []
-    for name, spec in ENCODERS.items():
+    for name, spec in encoders.items():
         ft, lp, inf = (r.loc[(name, p)] for p in ("finetune", "linear_aug", "inference"))
         print(f"{name}: fine-tuning / linear probing: time {ft['seconds_median'] / lp['seconds_median']:.2f}x, "
               f"memory {ft['peak_mem_mb'] / lp['peak_mem_mb']:.2f}x")
@@ -97,6 +110,8 @@ def main(argv=None) -> int:
         failures.append("a timing is not positive or p90 < median")
     if (table["device"].str.startswith("cuda")).any() and set(table["peak_mem_kind"]) != {"cuda_max_memory_allocated"}:
         failures.append(f"CUDA run with memory kinds {sorted(set(table['peak_mem_kind']))}")
+    if a.json:
+        Path(a.json).write_text(table.to_json(orient="records"))
     for f in failures:
         print("CHECK FAILED:", f)
     print("all checks passed" if not failures else f"{len(failures)} check(s) failed")

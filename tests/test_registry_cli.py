@@ -10,9 +10,12 @@ from retinabench.registry import RegistryError, load_registry
 def test_shipped_registries_validate(registries):
     assert {"phantom", "tvhl"} <= set(registries.datasets)
     assert registries.task("tvhl_cfp_dr3")["classes"] == ["none", "npdr", "pdr"]
+    from retinabench.models.lock import weights_origin
     for name, enc in registries.encoders.items():
-        if enc.get("init") != "random":
-            assert enc.get("sha256") or enc.get("hub_id"), name
+        origin = weights_origin(enc)  # every pretrained entry says where its weights come from
+        assert (origin == "none") == (enc.get("init") == "random"), name
+        if origin in ("package", "path"):
+            assert enc.get("sha256"), name
 
 
 def test_invalid_entry_names_entry_and_key(tmp_path):

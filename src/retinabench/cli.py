@@ -1,5 +1,6 @@
-"""Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets``, ``targets``,
-``pin-encoder``. The pipeline itself runs through Snakemake (see README)."""
+"""Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets [--check]``, ``targets``,
+``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``. The pipeline itself runs through
+Snakemake (see README)."""
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,14 @@ def cmd_provenance(args) -> int:
 
 
 def cmd_encoders(args) -> int:
+    from retinabench.models.lock import lock_state
     reg = _registries(args)
-    rows = [{"name": n, "source": e["source"], "architecture": e["architecture"], "domain": e["domain"],
-             "method": e["method"], "params_m": e.get("params_m", ""), "init": e.get("init", "pretrained"),
-             "pinned": "yes" if e.get("sha256") or e.get("init") == "random" else "NO"} for n, e in reg.encoders.items()]
-    print(_table(rows, ["name", "source", "architecture", "domain", "method", "params_m", "init", "pinned"]))
+    rows = [{"name": n, "source": e["source"], "domain": e["domain"], "method": e["method"],
+             "params_m": e.get("params_m", ""), "size_class": e["size_class"], "pooling": e["pooling"],
+             "studies": "/".join(e.get("studies") or []) or "-",
+             "lock": "random init" if e.get("init") == "random" else lock_state(e, e.get("lock"))}
+            for n, e in reg.encoders.items()]
+    print(_table(rows, ["name", "source", "domain", "method", "params_m", "size_class", "pooling", "studies", "lock"]))
     return 0
 
 
@@ -65,10 +69,40 @@ def cmd_tasks(args) -> int:
 
 
 def cmd_datasets(args) -> int:
+    if args.check:
+        return _check_datasets(args)
     reg = _registries(args)
     rows = [{"name": n, "adapter": d["adapter"], "root": d["root"], "modalities": "/".join(d["modalities"]),
-             "exposure_risk": d["web_exposure_risk"]} for n, d in reg.datasets.items()]
-    print(_table(rows, ["name", "adapter", "root", "modalities", "exposure_risk"]))
+             "access": d.get("access", ""), "exposure_risk": d["web_exposure_risk"],
+             "papers": "/".join(d.get("papers", [])), "status": d.get("status", "established")}
+            for n, d in reg.datasets.items()]
+    print(_table(rows, ["name", "adapter", "root", "modalities", "access", "exposure_risk", "papers", "status"]))
+    return 0
+
+
+def _check_datasets(args) -> int:
+    """Which datasets are present, complete and readable under data_root (no pipeline run)."""
+    from retinabench.data.check import check_dataset, format_checks
+    from retinabench.registry import Registries
+    config = _load_config(args.configfile)
+    reg = Registries.from_config(config)
+    data_root = Path(args.data_root or config["data_root"])
+    if args.dataset:
+        names = list(args.dataset)
+        for n in names:
+            reg.dataset(n)
+    elif args.configfile:  # a config given: the datasets it selects
+        names = list(config.get("datasets") or [])
+    else:
+        names = list(reg.datasets)
+    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode) for n in names]
+    print(f"data_root: {data_root}\n")
+    print(format_checks(results))
+    explicit = bool(args.dataset or args.configfile)
+    bad = [r.name for r in results if r.problem or (explicit and r.status == "absent")]
+    if bad:
+        print(f"\nnot ready: {', '.join(bad)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -89,16 +123,69 @@ def cmd_targets(args) -> int:
     return 0
 
 
-def cmd_pin_encoder(args) -> int:
-    """Resolve the current hub commit and the weight file's sha256 of an entry (needs network)."""
-    from huggingface_hub import HfApi, hf_hub_download
-    from retinabench.hashing import sha256_file
+def cmd_lock_encoders(args) -> int:
+    """Resolve and hash every file the named (default: all) hub / url / manual entries load; write the lock."""
+    from retinabench.models.lock import LockError, lock_entry, lock_name, needs_lock, read_lock, write_lock
+    reg = _registries(args)
+    names = args.names or [n for n, e in reg.encoders.items() if needs_lock(e) and "variant_of" not in e]
+    entries = [reg.encoder(n) for n in names]
+    records = read_lock(reg.encoders_lock_path)
+    failed = []
+    for entry in entries:
+        if not needs_lock(entry):
+            print(f"{entry['name']}: nothing to lock ({'random init' if entry.get('init') == 'random' else 'sha256 in the registry'})")
+            continue
+        base = lock_name(entry)
+        try:
+            records[base] = lock_entry(reg.encoder(base))
+        except LockError as err:
+            failed.append(base)
+            print(f"{base}: NOT LOCKED: {err}", file=sys.stderr)
+            continue
+        rec = records[base]
+        print(f"{base}: " + (f"{rec['pins']['hub_id']}@{rec['revision']}" if "revision" in rec else rec["pins"]["url"]))
+        for fname, sha in sorted(rec["files"].items()):
+            print(f"    {fname}  {sha}")
+        write_lock(reg.encoders_lock_path, records)  # after each entry: a long run keeps what it resolved
+    print(f"lock file: {reg.encoders_lock_path}")
+    return 1 if failed else 0
+
+
+def cmd_check_encoder(args) -> int:
+    """Load one entry through the real load path; non-zero exit on any mismatch."""
+    from retinabench.models.check import check_encoder
     entry = _registries(args).encoder(args.name)
-    if "hub_id" not in entry:
-        raise SystemExit(f"encoder {args.name!r} has no hub_id: nothing to pin")
-    rev = HfApi().model_info(entry["hub_id"]).sha
-    path = hf_hub_download(entry["hub_id"], entry["weights_file"], revision=rev)
-    print(f"{args.name}:\n  revision: {rev}\n  sha256: {sha256_file(path)}")
+    ok, lines = check_encoder(entry, weights=args.weights)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+def cmd_evaluate(args) -> int:
+    """The benchmark's metrics table for any file in the predictions schema (e.g. a model run outside the
+    pipeline): hard-decision metrics from its y_pred as written, probability metrics from its p_<class> columns."""
+    from retinabench.metrics.classification import metrics_table
+    from retinabench.provenance import write_sidecar
+    from retinabench.registry import load_registry
+    from retinabench.schemas import read_table, write_table
+    preds = read_table(args.predictions, "predictions")
+    if args.tasks:
+        tasks, where = load_registry(args.tasks, "tasks"), args.tasks
+    else:
+        tasks, where = _registries(args).tasks, "the config's task registry"
+    unknown = sorted(set(preds["task"]) - set(tasks))
+    if unknown:
+        raise KeyError(f"{args.predictions}: task(s) {unknown} have no entry in {where}; add them to a task registry "
+                       "file (classes in the order of the p_<class> columns, ordinal) and pass it with --tasks FILE")
+    metrics = metrics_table(preds, tasks)
+    write_table(metrics, args.output, "metrics")
+    write_sidecar(args.output, rule="retinabench evaluate", inputs=[args.predictions],
+                  config={"tasks": {t: tasks[t] for t in sorted(set(preds["task"]))}},
+                  extra={"command": "retinabench evaluate", "n_rows": int(len(preds))})
+    summary = (metrics.groupby(["task", "encoder", "protocol", "regime", "split", "metric"], sort=True)["value"]
+               .agg(["mean", "std", "count"]).reset_index().rename(columns={"count": "n_seeds"}))
+    rows = [{k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()} for r in summary.to_dict("records")]
+    print(_table(rows, list(summary.columns)))
+    print(f"wrote {args.output} ({len(metrics)} rows)")
     return 0
 
 
@@ -111,19 +198,41 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_provenance)
     for name, fn, help_ in (("encoders", cmd_encoders, "list the encoder registry"),
                             ("tasks", cmd_tasks, "list the task registry"),
-                            ("datasets", cmd_datasets, "list the dataset registry")):
+                            ("datasets", cmd_datasets, "list the dataset registry (--check: which are present)")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--configfile", action="append", help=f"config file(s) (default {DEFAULT_CONFIG})")
         p.set_defaults(fn=fn)
+        if name == "datasets":
+            p.add_argument("--check", action="store_true",
+                           help="check which datasets are present, complete and readable under data_root")
+            p.add_argument("--data-root", help="folder holding the raw dataset folders (default: the config's)")
+            p.add_argument("--dataset", action="append",
+                           help="check only this dataset (repeatable; default: the --configfile's datasets, "
+                                "else every registry entry)")
+            p.add_argument("--decode", type=int, default=2, help="images decoded per dataset (default 2)")
     p = sub.add_parser("targets", help="snakemake targets for one encoder and/or one task")
     p.add_argument("--configfile", action="append")
     p.add_argument("--encoder")
     p.add_argument("--task")
     p.set_defaults(fn=cmd_targets)
-    p = sub.add_parser("pin-encoder", help="print revision + sha256 to pin a hub encoder entry (needs network)")
-    p.add_argument("name")
+    p = sub.add_parser("lock-encoders", help="pin revision + sha256 of every file the encoders load "
+                                              "(needs network once); writes <encoders registry>.lock.yaml")
+    p.add_argument("names", nargs="*", help="encoders to lock (default: every entry that needs a lock)")
     p.add_argument("--configfile", action="append")
-    p.set_defaults(fn=cmd_pin_encoder)
+    p.set_defaults(fn=cmd_lock_encoders)
+    p = sub.add_parser("check-encoder", help="load an encoder through the real load path and report keys, "
+                                             "sha256 and embedding dimension (exit 1 on any mismatch)")
+    p.add_argument("name")
+    p.add_argument("--weights", help="a local file (folder for transformers) in the published layout, used "
+                                     "instead of the pinned source")
+    p.add_argument("--configfile", action="append")
+    p.set_defaults(fn=cmd_check_encoder)
+    p = sub.add_parser("evaluate", help="metrics table (metrics.parquet format) of a file in the predictions schema")
+    p.add_argument("predictions", help="Parquet file in the predictions schema (y_true, y_pred, p_<class>...)")
+    p.add_argument("-o", "--output", required=True, help="metrics Parquet file to write")
+    p.add_argument("--tasks", help="task registry YAML with the predictions' tasks (default: the config's)")
+    p.add_argument("--configfile", action="append")
+    p.set_defaults(fn=cmd_evaluate)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -146,8 +146,14 @@ def format_chain(artifact: str | os.PathLike) -> str:
             leaves_raw.append(f"{raw['path']}  {sha}{raw.get('note', '')}".rstrip())
         if extra.get("weights"):
             w = extra["weights"]
-            leaves_weights.append(f"{rec['wildcards'].get('encoder', '?')}: {w.get('file')}  sha256 "
-                                  f"{(w.get('sha256') or 'none (random init)')}  source {w.get('source')}")
+            files = w.get("files")
+            if files is None and w.get("file"):  # records written before the lock file
+                files = {w["file"]: w.get("sha256")}
+            desc = ", ".join(f"{f}  sha256 {sha}" for f, sha in (files or {}).items()) or "none (random init)"
+            where = f"{w['hub_id']}@{w.get('revision')}  " if w.get("hub_id") else ""
+            dropped = (w.get("dropped") or {}).get("count")
+            leaves_weights.append(f"{rec['wildcards'].get('encoder', '?')}: {where}{desc}  source {w.get('source')}"
+                                  + (f"  ({dropped} checkpoint keys dropped, listed in the sidecar)" if dropped else ""))
     if leaves_raw:
         lines.append("raw data:")
         lines.extend("  " + r for r in dict.fromkeys(leaves_raw))

@@ -48,7 +48,8 @@ def load_registry(path: str | os.PathLike, kind: str) -> dict[str, dict[str, Any
     validator = jsonschema.Draft202012Validator(_schema(kind))
     out = {}
     for name, entry in data.items():
-        errors = sorted(validator.iter_errors(entry or {}), key=lambda e: list(e.path))
+        # Errors at a key first (they name it), then whole-entry rules (e.g. no weights source).
+        errors = sorted(validator.iter_errors(entry or {}), key=lambda e: (not e.path, [str(p) for p in e.path]))
         if errors:
             err = errors[0]
             loc = "/".join(str(p) for p in err.path) or "(entry)"
@@ -56,10 +57,27 @@ def load_registry(path: str | os.PathLike, kind: str) -> dict[str, dict[str, Any
         # Canonical key order: entries travel as Snakemake params, so reformatting a YAML file (key order) must not
         # look like a changed entry and rerun everything.
         out[str(name)] = _canonical({"name": str(name), **entry})
+    if kind == "encoders":
+        out = expand_encoder_variants(out, path)
     if kind == "tasks":
         for name, task in out.items():
             if len(set(task["classes"])) != len(task["classes"]):
                 raise RegistryError(f"{path}: task {name!r} lists a class twice: {task['classes']}")
+    return out
+
+
+def expand_encoder_variants(encoders: dict[str, dict], path) -> dict[str, dict]:
+    """Each declared variant of an encoder (same weights, another pooling) becomes its own entry
+    ``<name>.<variant>`` with ``variant_of: <name>``; it shares the base entry's lock record."""
+    out = {}
+    for name, entry in encoders.items():
+        variants = entry.pop("variants", None) or {}
+        out[name] = entry
+        for vname, overrides in variants.items():
+            full = f"{name}.{vname}"
+            if full in encoders or full in out:
+                raise RegistryError(f"{path}: encoder variant {full!r} collides with another entry")
+            out[full] = _canonical({**entry, **overrides, "name": full, "variant_of": name})
     return out
 
 
@@ -85,6 +103,10 @@ class Registries:
         self.tasks = load_registry(tasks_path, "tasks")
         self.encoders = load_registry(encoders_path, "encoders")
         check_cross_references(self.datasets, self.tasks, self.encoders)
+        # Lock records travel with their entries (config/encoders.lock.yaml beside config/encoders.yaml).
+        from retinabench.models.lock import attach_locks, lock_path_for, read_lock
+        self.encoders_lock_path = lock_path_for(encoders_path)
+        attach_locks(self.encoders, read_lock(self.encoders_lock_path))
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Registries":

@@ -26,9 +26,9 @@ def manifest(n_patients=120, seed=0):
 
 
 def test_derive_maps_values_and_keeps_missing():
-    s = pd.Series(["none", "npdr", None, "pdr"], dtype="string")
-    assert apply_derive(s, ANY_DR).tolist() == ["no", "yes", pd.NA, "yes"]
-    assert apply_derive(s, {**ANY_DR, "derive": None}) is s
+    rows = pd.DataFrame({"dr3": pd.Series(["none", "npdr", None, "pdr"], dtype="string")})
+    assert apply_derive(rows, ANY_DR)["dr3"].tolist() == ["no", "yes", pd.NA, "yes"]
+    assert apply_derive(rows, {**ANY_DR, "derive": None}) is rows
 
 
 @pytest.mark.parametrize("derive, msg", [
@@ -44,7 +44,7 @@ def test_bad_derive_specs_fail_with_the_reason(derive, msg):
 
 def test_unmapped_source_value_fails():
     with pytest.raises(DeriveError, match=r"values \['severe'\] have no class"):
-        apply_derive(pd.Series(["none", "severe"]), ANY_DR)
+        apply_derive(pd.DataFrame({"dr3": ["none", "severe"]}), ANY_DR)
 
 
 def test_task_rows_and_split_use_derived_labels():
@@ -61,22 +61,72 @@ def test_task_rows_and_split_use_derived_labels():
 
 
 def test_registry_derivations_cover_the_adapters_codes(registries):
-    """Every value an adapter can write into the source column maps to a class of each derived task."""
-    values = {"phantom": {"dr3": set(phantom_adapter.LABELS["dr3"][2].values())},
-              "phantom_siteb": {"dr3": set(phantom_adapter.LABELS["dr3"][2].values())},
-              "tvhl": {"dr3": set(tvhl_adapter._DR.values())}}
-    derived = {n: t for n, t in registries.tasks.items() if t.get("derive")}
+    """Every value an adapter can write into a mapping derive's source column maps to a class of the task."""
+    from retinabench.data.adapters import adapter_info
+    derived = {n: t for n, t in registries.tasks.items() if t.get("derive") and derive_map(t) is not None}
     assert {"phantom_cfp_anydr", "tvhl_cfp_anydr", "tvhl_oct_anydr", "phantom_siteb_cfp_anydr"} <= set(derived)
     for name, task in derived.items():
-        mapping = derive_map(task)
-        assert set(mapping) == values[task["dataset"]][task["label"]], name
+        entry = registries.datasets[task["dataset"]]
+        written = adapter_info(entry["adapter"]).label_classes(entry)[task["label"]]
+        assert set(derive_map(task)) == set(written), name
+
+
+REFERABLE = {"name": "d_ref", "dataset": "d", "label": "dr5", "classes": ["no", "yes"], "modality": "cfp",
+             "ordinal": False, "harmonised": "referable_dr",
+             "derive": {"sources": ["dr5", "dme"],
+                        "rules": [{"class": "yes", "any": {"dr5": ["moderate", "severe", "pdr"], "dme": ["yes"]}},
+                                  {"class": "no", "all": {"dr5": ["none", "mild"], "dme": ["no"]}}]}}
+
+
+def test_rules_derive_combines_columns_and_counts_undecided(capsys):
+    rows = pd.DataFrame({"image_id": list("abcdefg"),
+                         "dr5": ["none", "mild", "moderate", "mild", "none", "pdr", "mild"],
+                         "dme": ["no", "no", "no", "yes", None, None, None]}).astype("string")
+    out = apply_derive(rows, REFERABLE)
+    # a known positive arm decides even when the other arm is unknown; a negative needs both arms known
+    assert out.set_index("image_id")["dr5"].to_dict() == {"a": "no", "b": "no", "c": "yes", "d": "yes", "f": "yes"}
+    assert "2 of 7 labelled rows match no derive rule" in capsys.readouterr().err
+    assert rows["dr5"].tolist()[2] == "moderate"  # the input is not changed
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"label": "dme2"}, "must include the task's label"),
+    ({"derive": {"sources": ["dr5"], "rules": [{"class": "maybe", "any": {"dr5": ["pdr"]}}]}}, "must have a `class`"),
+    ({"derive": {"sources": ["dr5"], "rules": [{"class": "yes", "any": {"dr5": ["pdr"]}}]}}, "produces classes"),
+    ({"derive": {"sources": ["dr5"], "rules": [{"class": "yes", "any": {"dme": ["yes"]}},
+                                               {"class": "no", "any": {"dr5": ["none"]}}]}}, "not in sources"),
+])
+def test_bad_rules_fail_with_the_reason(change, msg):
+    from retinabench.data.derived import derive_rules
+    with pytest.raises(DeriveError, match=msg):
+        derive_rules({**REFERABLE, **change})
+
+
+def test_rules_derive_rejects_unmentioned_values():
+    rows = pd.DataFrame({"dr5": ["none", "ungradable"], "dme": ["no", "no"]})
+    with pytest.raises(DeriveError, match=r"dr5 values \['ungradable'\] appear in no derive rule"):
+        apply_derive(rows, REFERABLE)
+    ok = {**REFERABLE, "derive": {**REFERABLE["derive"], "unlabelled": {"dr5": ["ungradable"]}}}
+    assert len(apply_derive(rows, ok)) == 1
+
+
+def test_task_rows_with_rules_derive_keeps_the_unlabelled_count():
+    m = pd.DataFrame({"image_id": ["a", "b", "c", "d"], "modality": "cfp", "patient_id": ["1", "2", "3", "4"],
+                      "dr5": ["moderate", None, "none", "mild"], "dme": ["no", "yes", "no", None]}
+                     ).astype({"dr5": "string", "dme": "string"})
+    rows, unlabelled = task_rows(m, REFERABLE)
+    assert unlabelled == 1  # only the missing primary column counts (it is what the adapter records)
+    assert rows.set_index("image_id")["dr5"].to_dict() == {"a": "yes", "c": "no"}
 
 
 def test_harmonised_groups_and_errors(registries):
-    groups = harmonised_groups(registries.tasks)
+    demo = {n: t for n, t in registries.tasks.items() if t["dataset"] in ("phantom", "phantom_siteb", "tvhl")}
+    groups = harmonised_groups(demo)
     assert groups["any_dr_cfp"] == ["phantom_cfp_anydr", "phantom_siteb_cfp_anydr", "tvhl_cfp_anydr"]
     assert groups["gon_cfp"] == ["phantom_cfp_glaucoma", "phantom_siteb_cfp_glaucoma"]
-    assert "any_dr_oct" not in transfer_groups(registries.tasks)  # only TVHL has OCT any-DR
+    assert "any_dr_oct" not in transfer_groups(demo)  # only TVHL has OCT any-DR
+    focus = harmonised_groups({n: t for n, t in registries.tasks.items() if "focus" in t.get("papers", [])})
+    assert len(focus["any_dr_cfp"]) == 7 and len(focus["referable_dr_cfp"]) == 5 and len(focus["gon_cfp"]) == 4
     bad = {"a": {**ANY_DR, "dataset": "A"}, "b": {**ANY_DR, "dataset": "B", "classes": ["neg", "pos"]}}
     with pytest.raises(DeriveError, match="different classes"):
         harmonised_groups(bad)

@@ -2,6 +2,10 @@
 import os
 import re
 
+from snakemake.exceptions import WorkflowError
+
+from retinabench.models.lock import unlocked
+from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.workflow_plan import package_code_hash, plan
 
 PLAN = plan(config)
@@ -18,14 +22,18 @@ wildcard_constraints:
     encoder="[A-Za-z0-9_.+-]+",
 
 
-# Per encoder size class: memory (MB), runtime (min) for feature extraction, and whether a GPU is requested.
-SIZE_RESOURCES = {
-    "tiny": {"mem_mb": 4000, "runtime": 30},
-    "small": {"mem_mb": 8000, "runtime": 30},
-    "base": {"mem_mb": 16000, "runtime": 60},
-    "large": {"mem_mb": 32000, "runtime": 120},
-    "huge": {"mem_mb": 64000, "runtime": 240},
-}
+# Per encoder size class (src/retinabench/models/sizes.py): feature batch size, host memory (MB), runtime (min) of
+# a features job and its GPU request; every class fits one GPU (ViT-G/14 included, far below an H100's 80 GB).
+SIZE_RESOURCES = SIZE_CLASSES
+
+# A selected encoder whose weights are not pinned by the lock file cannot run: refuse it now (snakemake -n too),
+# with the command that pins it, rather than failing in a job.
+_ENCODERS_USED = set(PLAN.encoders) | set(
+    ((config.get("finetune") or {}).get("encoders") or []) if (config.get("finetune") or {}).get("enabled") else [])
+_UNLOCKED = unlocked(sorted(_ENCODERS_USED), REG.encoders)
+if _UNLOCKED:
+    raise WorkflowError("encoders without a valid lock record (" + str(REG.encoders_lock_path) + "):\n  "
+                        + "\n  ".join(_UNLOCKED))
 
 
 def code_hash(*parts):
@@ -35,6 +43,11 @@ def code_hash(*parts):
 
 def encoder_resource(key):
     return lambda wc: SIZE_RESOURCES[REG.encoder(wc.encoder)["size_class"]][key]
+
+
+def feature_settings(wc):
+    """The features config of one encoder's jobs, its batch size resolved from the size class (batch_size: auto)."""
+    return {**config["features"], "batch_size": feature_batch_size(REG.encoder(wc.encoder), config["features"])}
 
 
 def task_dataset(wc):

@@ -14,9 +14,12 @@ CMP_JOB = {k: v for k, v in CMP.items() if k not in CMP_NOT_RESULT}
 CMP_TRAIN = {k: FT[k] for k in ("channels_last", "compile", "weight_decay")}  # fine-tuning's step settings
 for _e in CMP_ENCODERS:
     REG.encoder(_e)
+_CMP_UNLOCKED = unlocked(sorted(set(CMP_ENCODERS) - set(PLAN.encoders)), REG.encoders) if CMP_ON else []
+if _CMP_UNLOCKED:  # the config's own encoders are checked in common.smk
+    raise WorkflowError("compute.encoders without a valid lock record:\n  " + "\n  ".join(_CMP_UNLOCKED))
 if CMP_ON and CMP_TASK not in PLAN.tasks:
     raise ValueError(f"compute.task {CMP_TASK!r} is not a task of this config (its tasks: {PLAN.tasks})")
-CMP_RUNTIME = {"tiny": 15, "small": 20, "base": 30, "large": 45, "huge": 90}  # minutes on one GPU
+CMP_RUNTIME = {"tiny": 15, "small": 20, "base": 30, "large": 45, "huge": 90, "giant": 120}  # min, one GPU
 
 
 def compute_targets():

@@ -11,12 +11,12 @@ rule features:
         stage="features",
         code=code_hash("models", "features"),
         encoder=lambda wc: REG.encoder(wc.encoder),
-        features=config["features"],
+        features=feature_settings,
     threads: 2
     resources:
         mem_mb=encoder_resource("mem_mb"),
         runtime=encoder_resource("runtime"),
-        gpu=1,
+        gpu=encoder_resource("gpu"),
     log:
         f"{R}/logs/features/{{encoder}}/{{dataset}}.log",
     script:

@@ -35,7 +35,7 @@ FT_CODE = ("protocols", "data/image_dataset.py", "models", "metrics")
 
 # Minutes for one run of the paper's schedule (100 x 25 steps of 64 images + validation) by encoder size class,
 # on one GPU; scaled by the number of runs and steps of a job.
-FT_RUNTIME = {"tiny": 30, "small": 45, "base": 90, "large": 180, "huge": 360}
+FT_RUNTIME = {"tiny": 30, "small": 45, "base": 90, "large": 180, "huge": 360, "giant": 720}
 
 
 def ft_runtime(encoder, runs, epochs, steps_per_epoch):

@@ -17,7 +17,7 @@ SAL_PROTOCOLS = list(SAL["protocols"] or FT["protocols"])
 SAL_SEED = SAL["checkpoint_seed"] if SAL["checkpoint_seed"] is not None else FT_SEEDS[0]
 SAL_JOB = {k: v for k, v in SAL.items() if k not in SAL_NOT_RESULT}
 # Minutes per attributed image on one GPU (nt_samples x n_steps = 2500 forward+backward passes) by size class.
-SAL_RUNTIME = {"tiny": 1, "small": 2, "base": 4, "large": 8, "huge": 16}
+SAL_RUNTIME = {"tiny": 1, "small": 2, "base": 4, "large": 8, "huge": 16, "giant": 32}
 
 if SAL_ON:
     _bad = {"finetune.enabled": [] if FT_ON else ["false"],

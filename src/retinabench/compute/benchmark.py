@@ -1,15 +1,16 @@
 """Compute cost of an encoder (OcularBench Figs. A.16-A.19): inference latency and memory, training time per step
 and memory for full fine-tuning and linear probing, parameters and FLOPs.
 
-Phases, each on the configured device in a fresh worker process (``python -m retinabench.compute.worker``: no
-allocator state, threads or caches carried over from the caller or from another encoder):
+Phases, on the configured device, all in one fresh worker process per encoder (``python -m
+retinabench.compute.worker``: no allocator state, threads or caches carried over from the caller or from another
+encoder; each phase builds its own model and measures memory from its own baseline):
 
 * ``inference``: batches of ``inference.batch_size`` (1, as the paper) test-split images of the configured task,
-  ``warmup`` untimed passes, then one timed forward pass per batch (``torch.inference_mode``; on CUDA bf16
-  autocast and channels_last, as feature extraction and fine-tuning run). The input is prepared (uint8 -> float,
-  resized, normalised) before the clock starts: latency is the model's forward pass alone.
+  ``warmup`` untimed passes, then one timed forward pass per batch (``torch.inference_mode``; set up as feature
+  extraction runs: channels_last for CNNs, on CUDA bf16 autocast and cuDNN autotuning). The input is prepared
+  (uint8 -> float, resized, normalised) before the clock starts: latency is the model's forward pass alone.
 * ``finetune`` / ``linear_aug``: the fine-tuning layer's own ``Trainer.train_step`` (host-to-device copy of the
-  uint8 batch, normalisation, forward, class-weighted loss, backward, AdamW, scheduler) at ``training.batch_size``
+  uint8 batch, normalisation, forward, cross-entropy, backward, AdamW, scheduler) at ``training.batch_size``
   (64) on training-split images, ``warmup`` untimed steps, then ``steps`` (25) timed steps. Data loading and
   augmentation are excluded (they run in DataLoader workers or batched on the device). ``linear_aug`` is the
   encoder frozen: forward without gradients through the encoder, a trained linear head.
@@ -131,7 +132,7 @@ def measure_inference(entry: dict, images: np.ndarray, *, batch_size: int, warmu
     """Latency and peak memory of forward passes at ``batch_size`` over ``images`` (uint8 [N, H, W, 3])."""
     import torch
     from retinabench.compute.memory import PeakMemory, baseline_rss_mb
-    from retinabench.features.extract import pick_device, to_model_input
+    from retinabench.features.extract import pick_device, prepare_module, to_model_input
     from retinabench.models import build_encoder
     dev = pick_device(device)
     prec = _precision(precision, dev)
@@ -140,9 +141,9 @@ def measure_inference(entry: dict, images: np.ndarray, *, batch_size: int, warmu
     baseline = baseline_rss_mb()
     encoder = build_encoder(entry)
     cuda = dev.type == "cuda"
-    module = encoder.module.to(dev).eval()
     if cuda:
-        module = module.to(memory_format=torch.channels_last)
+        torch.backends.cudnn.benchmark = True  # as feature extraction; the warm-up passes absorb the autotuning
+    module, channels_last = prepare_module(encoder.module, dev, "auto")  # the feature extraction's set-up
     n_batches = max(1, len(images) // batch_size)
     mem = PeakMemory(dev, baseline).start()
     times = []
@@ -150,8 +151,6 @@ def measure_inference(entry: dict, images: np.ndarray, *, batch_size: int, warmu
         for i in range(warmup + n_batches):
             start = (i % n_batches) * batch_size
             x = to_model_input(images[start:start + batch_size], encoder, dev)
-            if cuda:
-                x = x.contiguous(memory_format=torch.channels_last)
             _sync(dev)
             t0 = time.perf_counter()
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=prec == "bf16"):
@@ -164,7 +163,7 @@ def measure_inference(entry: dict, images: np.ndarray, *, batch_size: int, warmu
     n_params = sum(p.numel() for p in module.parameters())
     flops = count_flops(module.to(memory_format=torch.contiguous_format), encoder.input_size, dev)
     return {"phase": "inference", "device": str(dev), "dtype": prec, "batch_size": batch_size,
-            "channels_last": cuda, "compile": False, "n_warmup": warmup, **_summary(times, batch_size),
+            "channels_last": channels_last, "compile": False, "n_warmup": warmup, **_summary(times, batch_size),
             "peak_mem_mb": peak, "model_mem_mb": mem.at_start_mb, "peak_mem_kind": mem.kind, "n_params": n_params,
             "n_trainable": 0, "flops": flops}
 

@@ -5,6 +5,8 @@ A task entry may carry
 * ``derive``: ``{class: [source values]}`` — the task's classes computed from the manifest column ``label``
   (e.g. any DR: ``{"no": [none], "yes": [npdr, pdr]}`` on ``dr3``). Every source value must map to exactly
   one class; a missing source value stays missing (the adapter's ``label:<column>`` exclusion covers it).
+  Or ``{sources: [...], rules: [...]}`` combining several manifest columns (:func:`derive_rules`), e.g. FOCUS's
+  referable DR: ICDR >= 2 **or** macular edema.
 * ``harmonised``: the id of a harmonised task (``any_dr``, ``referable_dr``, ``gon``). Tasks sharing a
   harmonised id and a modality are the same question asked of different datasets: the transfer protocol trains
   on one and evaluates on the others, and the Shift score compares them.
@@ -14,6 +16,7 @@ the config's ``reliability.harmonised`` section; see docs/reliability.md.
 """
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 
 import pandas as pd
@@ -24,10 +27,10 @@ class DeriveError(ValueError):
 
 
 def derive_map(task: dict) -> dict[str, str] | None:
-    """``source value -> class`` of a task with ``derive`` (None without); checks the mapping is a function
-    onto the task's classes."""
+    """``source value -> class`` of a task with a *mapping* ``derive`` (None without one, or for a rules
+    ``derive``); checks the mapping is a function onto the task's classes."""
     spec = task.get("derive")
-    if spec is None:
+    if spec is None or is_rules(spec):
         return None
     name = task.get("name", "?")
     if not isinstance(spec, dict) or not spec:
@@ -51,17 +54,134 @@ def derive_map(task: dict) -> dict[str, str] | None:
     return out
 
 
-def apply_derive(values: pd.Series, task: dict) -> pd.Series:
-    """Task classes for the source ``values`` (missing stays missing); unmapped source values are an error."""
-    mapping = derive_map(task)
-    if mapping is None:
-        return values
-    present = values.dropna().astype(str)
-    unmapped = sorted(set(present) - set(mapping))
-    if unmapped:
-        raise DeriveError(f"task {task.get('name', '?')!r}: {task['label']} values {unmapped} have no class in "
-                          f"derive {task['derive']}")
-    return values.map(lambda v: mapping[str(v)] if pd.notna(v) else pd.NA).astype("string")
+def is_rules(spec) -> bool:
+    return isinstance(spec, dict) and "rules" in spec
+
+
+def derive_rules(task: dict) -> dict | None:
+    """The checked rules ``derive`` of a task (None without one)::
+
+        derive:
+          sources: [dr5, dme]          # manifest columns read; the task's `label` must be one of them
+          rules:                       # first matching rule wins
+            - {class: "yes", any: {dr5: [moderate, severe, pdr], dme: ["yes"]}}
+            - {class: "no", all: {dr5: [none, mild], dme: ["no"]}}
+          unlabelled: {dr5: [...]}     # values that, alone, decide nothing (listed so a typo cannot hide)
+
+    ``any`` matches when one listed column holds one of its values, ``all`` when every listed column does (a
+    missing value never matches). A row no rule matches has no label for the task: it leaves the task and is
+    counted (e.g. mild DR with unknown macular edema is neither referable nor known non-referable).
+    """
+    spec = task.get("derive")
+    if not is_rules(spec):
+        return None
+    name = task.get("name", "?")
+    sources = list(spec.get("sources") or [])
+    if task["label"] not in sources:
+        raise DeriveError(f"task {name!r}: derive.sources {sources} must include the task's label column "
+                          f"{task['label']!r} (rows without it are the task's unlabelled rows)")
+    classes = list(task["classes"])
+    produced = set()
+    for i, rule in enumerate(spec["rules"]):
+        kinds = [k for k in ("any", "all") if k in rule]
+        if rule.get("class") not in classes or len(kinds) != 1:
+            raise DeriveError(f"task {name!r}: derive rule {i} must have a `class` in {classes} and exactly one "
+                              f"of `any` / `all`; got {rule}")
+        cond = rule[kinds[0]]
+        bad = [c for c in cond if c not in sources]
+        if bad or not cond:
+            raise DeriveError(f"task {name!r}: derive rule {i} reads columns {bad or '(none)'} not in sources "
+                              f"{sources}")
+        for col, values in cond.items():
+            if isinstance(values, str) or not values:
+                raise DeriveError(f"task {name!r}: derive rule {i}: {col} must list values")
+        produced.add(rule["class"])
+    never = [c for c in classes if c not in produced]
+    if never:
+        raise DeriveError(f"task {name!r}: no derive rule produces classes {never}")
+    bad = [c for c in (spec.get("unlabelled") or {}) if c not in sources]
+    if bad:
+        raise DeriveError(f"task {name!r}: derive.unlabelled names columns {bad} not in sources {sources}")
+    return spec
+
+
+def _mentioned(spec: dict) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for rule in spec["rules"]:
+        for col, values in rule.get("any", rule.get("all", {})).items():
+            out[col] |= {str(v) for v in values}
+    for col, values in (spec.get("unlabelled") or {}).items():
+        out[col] |= {str(v) for v in values}
+    return out
+
+
+def apply_derive(rows: pd.DataFrame, task: dict) -> pd.DataFrame:
+    """``rows`` (a task's labelled manifest rows) with the task's ``label`` column holding its classes.
+
+    Mapping ``derive``: every source value must map to a class (missing stays missing). Rules ``derive``:
+    several source columns combine (e.g. referable DR = ICDR >= 2 or macular edema); rows no rule matches
+    leave the task and their count is printed. Any source value a rule never mentions is an error (typo
+    guard). The manifest itself is never changed; without ``derive`` the rows come back as they are.
+    """
+    spec = task.get("derive")
+    if spec is None:
+        return rows
+    label = task["label"]
+    name = task.get("name", "?")
+    if not is_rules(spec):
+        mapping = derive_map(task)
+        values = rows[label]
+        present = values.dropna().astype(str)
+        unmapped = sorted(set(present) - set(mapping))
+        if unmapped:
+            raise DeriveError(f"task {name!r}: {label} values {unmapped} have no class in derive {spec}")
+        return rows.assign(**{label: values.map(lambda v: mapping[str(v)] if pd.notna(v) else pd.NA)
+                              .astype("string")})
+    spec = derive_rules(task)
+    missing_cols = [c for c in spec["sources"] if c not in rows.columns]
+    if missing_cols:
+        raise DeriveError(f"task {name!r}: derive.sources {missing_cols} are not manifest columns of "
+                          f"{task.get('dataset', '?')!r}")
+    mentioned = _mentioned(spec)
+    for col in spec["sources"]:
+        present = set(rows[col].dropna().astype(str))
+        stray = sorted(present - mentioned.get(col, set()))
+        if stray:
+            raise DeriveError(f"task {name!r}: {col} values {stray} appear in no derive rule and not in "
+                              f"derive.unlabelled; say what they mean")
+    out = pd.Series(pd.NA, index=rows.index, dtype="object")
+    decided = pd.Series(False, index=rows.index)
+    for rule in spec["rules"]:
+        cond = rule.get("any", rule.get("all"))
+        hits = [rows[c].astype("string").isin([str(v) for v in vals]).fillna(False) for c, vals in cond.items()]
+        match = pd.concat(hits, axis=1)
+        match = match.any(axis=1) if "any" in rule else match.all(axis=1)
+        new = match & ~decided
+        out[new] = rule["class"]
+        decided |= new
+    n_undecided = int((~decided).sum())
+    if n_undecided:
+        print(f"task {name!r}: {n_undecided} of {len(rows)} labelled rows match no derive rule (e.g. a source "
+              f"value in derive.unlabelled or an unknown secondary column) and leave the task", file=sys.stderr)
+    return rows.loc[decided].assign(**{label: out[decided].astype("string")})
+
+
+def derive_sources(task: dict) -> list[str]:
+    """Manifest columns a task reads (its label, plus a rules derive's other sources)."""
+    spec = task.get("derive")
+    if is_rules(spec):
+        return list(dict.fromkeys([task["label"], *spec.get("sources", [])]))
+    return [task["label"]]
+
+
+def derive_values(task: dict) -> dict[str, set[str]]:
+    """``source column -> values the derive mentions`` (registry checks against an adapter's codes)."""
+    spec = task.get("derive")
+    if spec is None:
+        return {}
+    if is_rules(spec):
+        return dict(_mentioned(spec))
+    return {task["label"]: set(derive_map(task))}
 
 
 def harmonised_groups(tasks: dict[str, dict]) -> dict[str, list[str]]:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from retinabench.data.readers import open_image
 from retinabench.schemas import write_table, read_table
 
 RESIZE_MODES = ("squash", "center_crop")
@@ -22,7 +23,7 @@ _CHUNK = 64
 
 def load_image(path: Path, size: int, resize: str) -> np.ndarray:
     try:
-        with Image.open(path) as im:
+        with open_image(path) as im:  # JPEG/PNG/TIFF, DICOM and NPZ alike (data/readers.py)
             im = im.convert("RGB")  # grayscale -> 3 identical channels
             if resize == "squash":
                 im = im.resize((size, size), Image.Resampling.BICUBIC)

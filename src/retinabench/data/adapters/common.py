@@ -10,6 +10,34 @@ from retinabench.hashing import sha256_file
 from retinabench.schemas import MANIFEST, MODALITIES
 
 
+class DuplicateFileError(ValueError):
+    """Two files under an adapter's image folder map to the same key (file name): which one is meant is unknown."""
+
+
+def index_files(root: Path, pattern: str, *, key=lambda p: p.stem) -> dict[str, Path]:
+    """``key(path) -> path`` (relative to ``root``) for the files matching the glob ``pattern`` under ``root``.
+
+    Two files with the same key (e.g. the same file name in two sub-folders) are an error that names both
+    paths: glob order must never decide which image a label row gets."""
+    root = Path(root)
+    out: dict[str, Path] = {}
+    clashes: list[tuple[str, Path, Path]] = []
+    for path in sorted(root.glob(pattern)):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root)
+        k = key(rel)
+        if k in out:
+            clashes.append((k, out[k], rel))
+        else:
+            out[k] = rel
+    if clashes:
+        lines = "\n".join(f"  {k!r}: {a} and {b}" for k, a, b in clashes[:50])
+        raise DuplicateFileError(f"{root}: {len(clashes)} file name(s) occur more than once under {pattern!r}:\n"
+                                 f"{lines}")
+    return out
+
+
 class Exclusions:
     """Collects exclusion rows; ``scope`` is ``image``, ``label:<column>`` or ``normalised``."""
 

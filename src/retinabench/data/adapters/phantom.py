@@ -2,7 +2,8 @@
 
 Layout: ``metadata.csv`` (image_id, file, modality, patient_id, eye, age, sex, quality, site, dr_grade,
 glaucoma, dme) and the images it names. DR and glaucoma are graded on fundus images, DME on OCT, so a label
-that does not apply to a modality is not a missing label; one that should be there and is not is recorded.
+that does not apply to a modality is not a missing label; an empty grade where one applies is a missing label
+(recorded), and any other value is invalid (an error listing every such row; see ``adapters/labels.py``).
 """
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from pathlib import Path
 import pandas as pd
 
 from retinabench.data.adapters.common import Exclusions, finish_manifest
+from retinabench.data.adapters.labels import LabelCoding, LabelReader
 
-LABELS = {  # manifest column -> (metadata column, modality graded on, code -> class name)
-    "dr3": ("dr_grade", "cfp", {"0": "none", "1": "npdr", "2": "pdr"}),
-    "glaucoma": ("glaucoma", "cfp", {"0": "no", "1": "yes"}),
-    "dme": ("dme", "oct", {"0": "no", "1": "yes"}),
+_UNGRADED = {"": "not graded"}
+LABELS = {  # manifest column -> (coding of its metadata column, modality graded on)
+    "dr3": (LabelCoding("dr3", "dr_grade", {"0": "none", "1": "npdr", "2": "pdr"}, _UNGRADED), "cfp"),
+    "glaucoma": (LabelCoding("glaucoma", "glaucoma", {"0": "no", "1": "yes"}, _UNGRADED), "cfp"),
+    "dme": (LabelCoding("dme", "dme", {"0": "no", "1": "yes"}, _UNGRADED), "oct"),
 }
 _SEX = {"F": "female", "M": "male"}
 _COLUMNS = ["image_id", "file", "modality", "patient_id", "eye", "age", "sex", "quality", "site",
@@ -33,6 +36,7 @@ def adapt_phantom(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     if missing:
         raise ValueError(f"{meta_path}: missing columns {missing}")
     excl = Exclusions(dataset)
+    labels = LabelReader.for_entry(excl, entry)
     rows = []
     for i, rec in meta.iterrows():
         src = f"metadata.csv:row {i + 2}"
@@ -45,11 +49,11 @@ def adapt_phantom(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
                "quality": rec["quality"] or None, "site": rec["site"] or None}
         if rec["sex"] and row["sex"] is None:
             excl.add(src, rec["image_id"], "normalised", f"unknown sex code {rec['sex']!r} read as missing")
-        for column, (raw_col, modality, codes) in LABELS.items():
-            value = codes.get(rec[raw_col])
-            if value is None and rec["modality"] == modality:
-                excl.add(src, rec["image_id"], f"label:{column}", f"{raw_col} value {rec[raw_col]!r} not a grade")
-            row[column] = value if rec["modality"] == modality else None
+        for column, (coding, modality) in LABELS.items():
+            applies = rec["modality"] == modality
+            row[column] = labels.read(coding, rec[coding.raw_column], source=src,
+                                      image_id=rec["image_id"]) if applies else None
         rows.append(row)
+    labels.finish()
     manifest = finish_manifest(pd.DataFrame(rows), root, list(LABELS))
     return manifest, excl.frame()

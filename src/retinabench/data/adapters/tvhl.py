@@ -8,7 +8,10 @@ Decisions (each recorded in the exclusions table):
 - eye codes in lower case (``od``/``oi``) are normalised; ``OI`` (oculus izquierdo) becomes ``OS``.
 - the modality letter sometimes disagrees with the CSV/folder the image is listed in; the folder (and CSV) is
   trusted — it is how the authors grouped and graded the images — and the disagreement is recorded.
-- DR ``-`` (unknown) and an empty DR are missing labels for the DR task only; the image stays for DME.
+- DR ``-`` (documented as unknown) and an empty DR are missing labels for the DR task only; the image stays for
+  DME. Any other DR or DME value is invalid: an error listing every such row (or, with the dataset entry's
+  ``invalid_labels: exclude``, an exclusion with reason "invalid value").
+- the same image file name in two sub-folders is an error naming both paths.
 - a CSV row without its image, or an image without a CSV row, is dropped and recorded.
 """
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from retinabench.data.adapters.common import Exclusions, finish_manifest
+from retinabench.data.adapters.common import Exclusions, finish_manifest, index_files
+from retinabench.data.adapters.labels import LabelCoding, LabelReader
 
 _SOURCES = {  # modality -> (csv name, image folder, expected modality letter)
     "cfp": ("EYE FUNDUS.csv", "EYE FUNDUS", "f"),
@@ -26,8 +30,9 @@ _SOURCES = {  # modality -> (csv name, image folder, expected modality letter)
 }
 _NAME = re.compile(r"^(?P<patient>\d+)_(?P<eye>[A-Za-z]{2})_(?P<mod>[A-Za-z])_(?P<sample>\d+)$")
 _EYES = {"OD": "OD", "OI": "OS", "OS": "OS"}
-_DR = {"0": "none", "NPDR": "npdr", "PDR": "pdr"}
-_DME = {"0": "no", "1": "yes"}
+DR = LabelCoding("dr3", "DR", {"0": "none", "NPDR": "npdr", "PDR": "pdr"},
+                 missing={"-": "DR grade '-' (unknown)", "": "DR grade empty"})
+DME = LabelCoding("dme", "DME", {"0": "no", "1": "yes"})
 LABEL_COLUMNS = ["dr3", "dme"]
 
 
@@ -35,6 +40,7 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     root = Path(root)
     dataset = entry.get("name", "tvhl")
     excl = Exclusions(dataset)
+    labels = LabelReader.for_entry(excl, entry)
     rows = []
     for modality, (csv_name, folder, letter) in _SOURCES.items():
         csv_path = root / csv_name
@@ -44,7 +50,7 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
         missing_cols = {"Name", "DME", "DR"} - set(table.columns)
         if missing_cols:
             raise ValueError(f"{csv_path}: missing columns {sorted(missing_cols)}")
-        on_disk = {p.stem: p for p in (root / folder).glob("*/*.jpg")}
+        on_disk = index_files(root, f"{folder}/*/*.jpg")
         listed = set()
         for i, rec in table.iterrows():
             src = f"{csv_name}:row {i + 2}"  # +2: header line and 1-based numbering, as a spreadsheet shows it
@@ -69,19 +75,13 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
             if path is None:
                 excl.add(src, image_id, "image", f"image file {name}.jpg not found under {folder}/")
                 continue
-            dr_raw, dme_raw = rec["DR"].strip(), rec["DME"].strip()
-            dr = _DR.get(dr_raw)
-            if dr is None:
-                why = "DR grade empty" if dr_raw == "" else (
-                    "DR grade '-' (unknown)" if dr_raw == "-" else f"unrecognised DR grade {dr_raw!r}")
-                excl.add(src, image_id, "label:dr3", why)
-            dme = _DME.get(dme_raw)
-            if dme is None:
-                excl.add(src, image_id, "label:dme", f"unrecognised DME value {dme_raw!r}")
-            rows.append({"image_id": image_id, "path": str(path.relative_to(root)), "dataset": dataset,
+            dr = labels.read(DR, rec["DR"], source=src, image_id=image_id)
+            dme = labels.read(DME, rec["DME"], source=src, image_id=image_id)
+            rows.append({"image_id": image_id, "path": str(path), "dataset": dataset,
                          "modality": modality, "patient_id": m["patient"], "eye": eye, "dr3": dr, "dme": dme})
         for stem in sorted(set(on_disk) - listed):
-            excl.add(str(on_disk[stem].relative_to(root)), f"{modality}_{stem}", "image",
+            excl.add(str(on_disk[stem]), f"{modality}_{stem}", "image",
                      f"image not listed in {csv_name}: no labels")
+    labels.finish()
     manifest = finish_manifest(pd.DataFrame(rows), root, LABEL_COLUMNS)
     return manifest, excl.frame()

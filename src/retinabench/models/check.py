@@ -1,0 +1,43 @@
+"""``retinabench check-encoder``: load one entry through the real load path and report what happened."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def check_encoder(entry: dict, weights: str | Path | None = None) -> tuple[bool, list[str]]:
+    """Build ``entry`` (from its pinned source, or ``weights``: a local file / folder in the published layout)
+    and describe the result: embedding dimension, files and sha256, dropped / missing / unexpected keys."""
+    from retinabench.models.loaders import WeightsError, build_encoder
+    from retinabench.models.lock import LockError
+    lines = [f"encoder {entry['name']} ({entry['source']} {entry['architecture']}, pooling {entry['pooling']}, "
+             f"input {entry['input_size']}px)"]
+    try:
+        enc = build_encoder(entry, weights=weights)
+    except WeightsError as err:
+        rep = err.report
+        lines.append(f"  FAILED: {err}")
+        if rep is not None:
+            lines += [f"  missing keys ({len(rep.missing)}): {rep.missing}",
+                      f"  unexpected keys ({len(rep.unexpected)}): {rep.unexpected}",
+                      f"  shape mismatches ({len(rep.shape_mismatch)}): {rep.shape_mismatch}",
+                      f"  dropped keys ({len(rep.dropped)}): {sorted(rep.dropped)[:20]}"]
+        return False, lines
+    except (LockError, OSError, KeyError, ValueError) as err:
+        lines.append(f"  FAILED: {type(err).__name__}: {err}")
+        return False, lines
+    w = enc.weights
+    lines.append(f"  weights: {w.get('origin')}" + (f" {w['hub_id']}@{w['revision']}" if w.get("hub_id") else ""))
+    for fname, sha in sorted((w.get("files") or {}).items()):
+        lines.append(f"    {fname}  sha256 {sha}")
+    dropped = w.get("dropped") or {"count": 0}
+    lines.append(f"  dropped keys ({dropped['count']}): " + (str(dropped.get("keys")) if "keys" in dropped
+                                                              else str(dropped.get("groups"))))
+    lines.append("  missing keys (0): []")
+    lines.append("  unexpected keys (0): []")
+    for t in w.get("transforms") or []:
+        lines.append(f"  transform: {t}")
+    if w.get("pipeline_checked"):
+        lines.append(f"  normalisation / input size agree with: {', '.join(w['pipeline_checked'])}")
+    lines.append(f"  embedding dimension: {enc.embed_dim} (declared {entry.get('embed_dim', 'not declared')})")
+    lines.append("  OK")
+    return True, lines

@@ -1,0 +1,55 @@
+"""config/ocularbench.yaml and config/focus.yaml declare the reference studies' grids over the registries."""
+from pathlib import Path
+
+import yaml
+
+from retinabench.data.derived import harmonised_groups, unsupported_harmonised
+from retinabench.workflow_plan import plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(name):
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config.update(yaml.safe_load((REPO / f"config/{name}.yaml").read_text()))
+    config["registries"] = {k: str(REPO / v) for k, v in config["registries"].items()}
+    return config
+
+
+def test_ocularbench_grid_is_the_39_tasks_over_its_established_datasets(registries):
+    p = plan(_config("ocularbench"))
+    ob = [n for n, t in registries.tasks.items() if "ocularbench" in t.get("papers", [])]
+    assert len(ob) == 39 and p.tasks == ob
+    families = {registries.task(t)["family"] for t in p.tasks}
+    assert families == {"multi_disease", "dr_grading", "glaucoma", "retinal_pathology", "systemic_health",
+                        "visual_function"}
+    paper_datasets = {n for n, d in registries.datasets.items() if "ocularbench" in d.get("papers", [])}
+    assert len(paper_datasets) == 21
+    unestablished = {n for n in paper_datasets if registries.datasets[n].get("status") == "unestablished"}
+    assert unestablished == {"fimd", "ouwwfi"} and set(p.datasets) == paper_datasets - unestablished
+
+
+def test_focus_grid_is_its_10_datasets_and_harmonised_tasks_with_every_gap_explained(registries):
+    config = _config("focus")
+    p = plan(config)
+    assert len(p.datasets) == 10 and all(registries.task(t).get("harmonised") for t in p.tasks)
+    groups = harmonised_groups({t: registries.task(t) for t in p.tasks})
+    assert {g: len(v) for g, v in groups.items()} == {"any_dr_cfp": 7, "referable_dr_cfp": 5, "gon_cfp": 4}
+    catalogue = config["reliability"]["harmonised"]
+    gaps = unsupported_harmonised(catalogue, p.datasets, {t: registries.task(t) for t in p.tasks})
+    assert len(gaps) == 10 * 3 - 16 and not gaps["reason"].str.startswith("no task entry").any()
+    # the config's copy of the reasons is the registry's (config/datasets.yaml `not_supported`)
+    for row in gaps.itertuples():
+        assert " ".join(row.reason.split()) == " ".join(registries.datasets[row.dataset]["not_supported"][row.task].split())
+
+
+def test_readme_coverage_table_lists_every_reference_task_and_dataset(registries):
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| dataset | papers | OcularBench tasks |"):]
+    table = table[:table.index("\n\n")]
+    for name, task in registries.tasks.items():
+        if task.get("papers"):
+            assert f"`{name}`" in table, name
+    for name, entry in registries.datasets.items():
+        if entry.get("papers"):
+            assert f"| `{name}` |" in table, name
