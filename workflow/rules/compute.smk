@@ -5,6 +5,7 @@
 from retinabench.compute import compute_settings
 from retinabench.compute.benchmark import NOT_RESULT as CMP_NOT_RESULT
 from retinabench.figures.compute import FIGURES as CMP_FIGURES
+from retinabench.workflow_plan import device_problems, unpinned_encoders
 
 CMP = compute_settings(config)
 CMP_ON = bool(CMP["enabled"])
@@ -14,9 +15,12 @@ CMP_JOB = {k: v for k, v in CMP.items() if k not in CMP_NOT_RESULT}
 CMP_TRAIN = {k: FT[k] for k in ("channels_last", "compile", "weight_decay")}  # fine-tuning's step settings
 for _e in CMP_ENCODERS:
     REG.encoder(_e)
-_CMP_UNLOCKED = unlocked(sorted(set(CMP_ENCODERS) - set(PLAN.encoders)), REG.encoders) if CMP_ON else []
-if _CMP_UNLOCKED:  # the config's own encoders are checked in common.smk
-    raise WorkflowError("compute.encoders without a valid lock record:\n  " + "\n  ".join(_CMP_UNLOCKED))
+if CMP_ON and workflow.is_main_process:  # the config's own encoders and devices are checked in common.smk
+    _problems = (unpinned_encoders(REG, sorted(set(CMP_ENCODERS) - set(PLAN.encoders)))
+                 + device_problems(CMP["device"], "compute.device", local=_intended_executor() in (None, "local",
+                                                                                                  "dryrun")))
+    if _problems:
+        raise WorkflowError("compute: " + "; ".join(_problems))
 if CMP_ON and CMP_TASK not in PLAN.tasks:
     raise ValueError(f"compute.task {CMP_TASK!r} is not a task of this config (its tasks: {PLAN.tasks})")
 CMP_RUNTIME = {"tiny": 15, "small": 20, "base": 30, "large": 45, "huge": 90, "giant": 120}  # min, one GPU

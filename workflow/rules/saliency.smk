@@ -8,6 +8,7 @@ import re
 
 from retinabench.saliency import saliency_settings
 from retinabench.saliency.maps import NOT_RESULT as SAL_NOT_RESULT
+from retinabench.workflow_plan import device_problems
 
 SAL = saliency_settings(config)
 SAL_ON = bool(SAL["enabled"])
@@ -28,6 +29,10 @@ if SAL_ON:
             "train_regime": [] if any(r.startswith(SAL["train_regime"] + "-") for r in FT_REGIMES)
                             else [SAL["train_regime"]]}
     _bad = {k: v for k, v in _bad.items() if v}
+    _bad_device = device_problems(SAL["device"], "saliency.device",
+                                  local=_intended_executor() in (None, "local", "dryrun"))
+    if _bad_device and workflow.is_main_process:
+        raise WorkflowError("; ".join(_bad_device))
     if _bad:
         raise ValueError(f"saliency: needs fine-tuned models, but these settings have none: {_bad} (fine-tuning "
                          f"runs encoders {FT_ENCODERS}, tasks {FT_TASKS}, protocols {FT['protocols']}, seeds "
