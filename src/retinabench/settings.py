@@ -222,3 +222,91 @@ def reliability_settings(config: dict) -> dict:
     return out
 
 
+
+
+# `saliency:` (retinabench.saliency): integrated gradients in a NoiseTunnel, then grayscale + CLAHE.
+SALIENCY_BASELINES = ("zeros", "black")
+SALIENCY_NT_TYPES = ("smoothgrad", "smoothgrad_sq", "vargrad")
+SALIENCY_SIGNS = ("absolute_value", "positive")
+SALIENCY_DEFAULTS: dict = {
+    "enabled": False,
+    "encoders": None,             # null: fine-tuning's encoders
+    "tasks": None,                # null: fine-tuning's tasks
+    "protocols": None,            # null: fine-tuning's protocols (finetune, linear_aug)
+    "checkpoint_seed": None,      # null: the first fine-tuning seed
+    "train_regime": "u",          # u: trained on all training images; b: on the class-balanced undersample
+    "images_per_class": 1,
+    "selection_seed": 0,
+    "nt_type": "smoothgrad",
+    "nt_samples": 50,
+    "stdev": 0.3,                 # Gaussian noise sd, in normalised input units
+    "n_steps": 50,                # integrated-gradients points (Captum's default)
+    "baseline": "zeros",          # zeros (normalised; Captum's default) | black
+    "nt_samples_batch_size": 1,   # noisy copies per IG call (memory)
+    "internal_batch_size": 50,    # IG points per forward pass (memory)
+    "noise_seed": 0,
+    "sign": "absolute_value",     # grayscale: |sum over channels| | positive
+    "clip_percentile": 99.0,
+    "clahe": {"clip_limit": 0.01, "kernel_size": None, "nbins": 256},
+    "colormap": "inferno",
+    "device": "auto",
+    "threads": 4,
+}
+# Keys that select jobs or only change the figure: not part of a saliency job's result.
+SALIENCY_NOT_RESULT = ("enabled", "encoders", "tasks", "protocols", "checkpoint_seed", "colormap", "threads")
+
+
+def saliency_settings(config: dict) -> dict:
+    """The config's ``saliency:`` section over the defaults; unknown keys and values are errors."""
+    given = copy.deepcopy(config.get("saliency") or {})
+    unknown = sorted(set(given) - set(SALIENCY_DEFAULTS))
+    if unknown:
+        raise KeyError(f"saliency: unknown key(s) {unknown}; known: {sorted(SALIENCY_DEFAULTS)}")
+    clahe = {**SALIENCY_DEFAULTS["clahe"], **(given.pop("clahe", None) or {})}
+    bad = sorted(set(clahe) - set(SALIENCY_DEFAULTS["clahe"]))
+    if bad:
+        raise KeyError(f"saliency.clahe: unknown key(s) {bad}; known: {sorted(SALIENCY_DEFAULTS['clahe'])}")
+    out = {**copy.deepcopy(SALIENCY_DEFAULTS), **given, "clahe": clahe}
+    for key, allowed in (("nt_type", SALIENCY_NT_TYPES), ("baseline", SALIENCY_BASELINES), ("sign", SALIENCY_SIGNS),
+                         ("train_regime", ("u", "b"))):
+        if out[key] not in allowed:
+            raise ValueError(f"saliency.{key} must be one of {list(allowed)}, got {out[key]!r}")
+    return out
+
+
+
+# `compute:` (retinabench.compute): the per-encoder compute benchmark.
+COMPUTE_DEFAULTS: dict = {
+    "enabled": False,
+    "encoders": None,             # null: the config's encoders
+    "task": None,                 # images of this task's split; null: the config's first task
+    "device": "auto",             # auto: CUDA if present
+    "precision": "auto",          # auto: bf16 autocast on CUDA, fp32 on CPU | bf16 | fp32
+    "threads": 4,                 # the jobs' threads (CPU compute threads; on CUDA the host side)
+    "inference": {"batch_size": 1, "warmup": 10, "images": None},     # images null: the whole test split
+    "training": {"batch_size": 64, "warmup": 3, "steps": 25, "protocols": ["finetune", "linear_aug"],
+                 "distinct_batches": 4},
+}
+# Keys that only select jobs: not part of a benchmark job's result.
+COMPUTE_NOT_RESULT = ("enabled", "encoders")
+
+
+def compute_settings(config: dict) -> dict:
+    """The config's ``compute:`` section over the defaults; unknown keys are an error."""
+    given = copy.deepcopy(config.get("compute") or {})
+    unknown = sorted(set(given) - set(COMPUTE_DEFAULTS))
+    if unknown:
+        raise KeyError(f"compute: unknown key(s) {unknown}; known: {sorted(COMPUTE_DEFAULTS)}")
+    out = {**copy.deepcopy(COMPUTE_DEFAULTS), **given}
+    for part in ("inference", "training"):
+        sub = given.get(part) or {}
+        bad = sorted(set(sub) - set(COMPUTE_DEFAULTS[part]))
+        if bad:
+            raise KeyError(f"compute.{part}: unknown key(s) {bad}; known: {sorted(COMPUTE_DEFAULTS[part])}")
+        out[part] = {**COMPUTE_DEFAULTS[part], **sub}
+    wrong = sorted(set(out["training"]["protocols"]) - {"finetune", "linear_aug"})
+    if wrong or not out["training"]["protocols"]:
+        raise ValueError(f"compute.training.protocols: unknown {wrong}; expected finetune and/or linear_aug")
+    if out["precision"] not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"compute.precision must be auto, bf16 or fp32, got {out['precision']!r}")
+    return out
