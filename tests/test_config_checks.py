@@ -57,7 +57,7 @@ def test_devices_that_do_not_exist_are_refused():
 
 @pytest.mark.shared
 def test_knn_k_and_class_placement_are_checked_on_built_manifests(tvhl_copy, tmp_path, make_manifest_job):
-    from retinabench.stages import run_stage
+    from retinabench.pipeline import run_stage
     results = tmp_path / "results"
     run_stage("manifest", make_manifest_job(tvhl_copy, results))
     cfg = base_config(results=str(results), data_root=str(tvhl_copy.parent), datasets=["tvhl"],

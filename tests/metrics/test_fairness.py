@@ -5,7 +5,7 @@ import pytest
 from sklearn import metrics as skm
 
 from retinabench.metrics.fairness import Attribute, assign_groups, gap_score, shift_scores, subgroup_analysis
-from retinabench.stats.bootstrap import make_rng
+from retinabench.metrics.weighted import make_rng
 
 SEX = Attribute(name="sex", column="sex", groups=("female", "male"), min_group_size=10)
 

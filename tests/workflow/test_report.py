@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from retinabench.schemas import read_table, write_table
-from retinabench.stages_analysis import AnalysisContext, analysis_outputs
+from retinabench.analysis import AnalysisContext, analysis_outputs
 from retinabench.workflow_plan import plan
 
 pytestmark = pytest.mark.slow
@@ -126,7 +126,7 @@ RULE_OF = {"ranks": "ranks", "rank_figures": "figure_rank_distribution", "tables
 def analysis_rules(workdir: Path, reading=("metrics", "ranks")) -> set[str]:
     """Rules of the analysis families this config produces that read one of ``reading`` (the fairness family
     reads the reliability layer's subgroup table instead)."""
-    from retinabench.stages_analysis import FAMILIES
+    from retinabench.analysis import FAMILIES
     config = workflow_config(workdir)
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)

@@ -51,7 +51,6 @@ rule compute_benchmark:
         mem_mb=encoder_resource("mem_mb"),
         runtime=lambda wc: CMP_RUNTIME[REG.encoder(wc.encoder)["size_class"]],
     params:
-        stage="compute_benchmark",
         code=code_hash("compute", "protocols/finetune.py", "models", "features/extract.py"),
         encoder=lambda wc: REG.encoder(wc.encoder),
         task=REG.task(CMP_TASK),
@@ -70,8 +69,6 @@ rule compute_collect:
         f"{R}/logs/compute/collect.log",
     conda:
         CORE_ENV
-    params:
-        stage="compute_collect",
     script:
         STAGE
 
@@ -96,7 +93,6 @@ rule figure_compute:
     conda:
         CORE_ENV
     params:
-        stage="figure_compute",
         code=code_hash("figures/compute.py", "figures/style.py"),
         encoders={e: REG.encoder(e) for e in CMP_ENCODERS},
         settings=CMP_JOB,

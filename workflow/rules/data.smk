@@ -15,7 +15,6 @@ rule phantom:
     conda:
         CORE_ENV
     params:
-        stage="phantom",
         code=code_hash("data/phantom.py"),
         # The config's phantom settings, overridden per dataset by its registry `options`.
         phantom=lambda wc: {
@@ -44,7 +43,6 @@ rule manifest:
         CORE_ENV
     threads: 8
     params:
-        stage="manifest",
         # Only this dataset's adapter and the helpers it imports: adding or editing another adapter reruns nothing.
         code=lambda wc: manifest_code_hash(REG.dataset(wc.dataset)["adapter"]),
         dataset=lambda wc: REG.dataset(wc.dataset),
@@ -64,7 +62,6 @@ rule duplicates:
     conda:
         CORE_ENV
     params:
-        stage="duplicates",
         code=code_hash("data/duplicates.py"),
         duplicates=config["duplicates"],
     script:
@@ -82,7 +79,6 @@ rule split:
     conda:
         CORE_ENV
     params:
-        stage="split",
         code=code_hash("data/splits.py", "data/derived.py"),
         split=config["split"],
         # every registry task of the dataset (not only the selected ones): one assignment whatever a config selects
@@ -103,7 +99,6 @@ rule task_split:
     conda:
         CORE_ENV
     params:
-        stage="task_split",
         code=code_hash("data/splits.py", "data/derived.py"),
         task=lambda wc: REG.task(wc.task),
         seed=config["split"]["seed"],
@@ -122,7 +117,6 @@ rule cross_duplicates:
     conda:
         CORE_ENV
     params:
-        stage="cross_duplicates",
         code=code_hash("data/duplicates.py"),
         duplicates=config["duplicates"],
         datasets=PLAN.datasets,
@@ -144,7 +138,6 @@ rule image_cache:
     resources:
         mem_mb=2000,
     params:
-        stage="image_cache",
         code=code_hash("data/image_cache.py"),
         image_cache=config["image_cache"],
         root=lambda wc: PLAN.dataset_root(wc.dataset),

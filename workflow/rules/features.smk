@@ -17,7 +17,6 @@ rule features:
         runtime=encoder_resource("runtime"),
         gpu=encoder_resource("gpu"),
     params:
-        stage="features",
         code=code_hash("models", "features"),
         encoder=lambda wc: REG.encoder(wc.encoder),
         features=feature_settings,

@@ -155,7 +155,6 @@ rule finetune:
         mem_mb=encoder_resource("mem_mb"),
         runtime=lambda wc: ft_runtime(wc.encoder, _train_regimes(FT_REGIMES), FT["epochs"], FT["steps_per_epoch"]),
     params:
-        stage="finetune",
         code=code_hash(*FT_CODE),
         task=lambda wc: REG.task(wc.task),
         encoder=lambda wc: REG.encoder(wc.encoder),
@@ -177,8 +176,6 @@ rule finetune_predictions:
         protocol="|".join(FINETUNE_PROTOCOLS),
     conda:
         CORE_ENV
-    params:
-        stage="finetune_predictions",
     script:
         STAGE
 
@@ -202,8 +199,6 @@ rule finetune_compute:
         f"{R}/logs/finetune_compute.log",
     conda:
         CORE_ENV
-    params:
-        stage="finetune_compute",
     script:
         STAGE
 
@@ -226,7 +221,6 @@ rule sweep_linear:
         mem_mb=encoder_resource("mem_mb"),
         runtime=sweep_runtime(1),
     params:
-        stage="sweep_stage",
         sweep_stage=1,
         code=code_hash(*FT_CODE),
         task=lambda wc: REG.task(wc.task),
@@ -260,7 +254,6 @@ rule sweep_finetune:
         mem_mb=encoder_resource("mem_mb"),
         runtime=sweep_runtime(2),
     params:
-        stage="sweep_stage",
         sweep_stage=2,
         code=code_hash(*FT_CODE),
         task=lambda wc: REG.task(wc.task),
@@ -283,7 +276,6 @@ rule sweep_choose:
     conda:
         TORCH_ENV
     params:
-        stage="sweep_choose",
         code=code_hash("protocols/sweep.py"),
         task=SWEEP_TASK,
     script:
@@ -301,7 +293,6 @@ rule sweep_sensitivity:
     conda:
         TORCH_ENV
     params:
-        stage="sweep_sensitivity",
         code=code_hash("protocols/sweep.py"),
     script:
         STAGE
@@ -318,7 +309,5 @@ rule sweep_collect:
         f"{R}/logs/sweep/collect.log",
     conda:
         CORE_ENV
-    params:
-        stage="sweep_collect",
     script:
         STAGE

@@ -19,7 +19,6 @@ rule frozen:
         mem_mb=2000,
         runtime=30,
     params:
-        stage="frozen",
         code=code_hash(
             "protocols/frozen.py",
             "protocols/knn.py",

@@ -2,7 +2,7 @@
 # Jobs: transfer (encoder x harmonised group with >= 2 datasets), reliability (one per predictions table),
 # reliability_collect, reliability_paired and four figure jobs. Formulas and outputs: docs/reliability.md.
 from retinabench.data.derived import transfer_groups
-from retinabench.stages_reliability import KINDS as REL_KINDS
+from retinabench.reliability.evaluation import KINDS as REL_KINDS
 from retinabench.settings import reliability_settings
 
 RELIABILITY = reliability_settings(config)
@@ -11,7 +11,7 @@ PLAN_TASKS = {t: REG.task(t) for t in PLAN.tasks}
 TRANSFER_GROUPS = transfer_groups(PLAN_TASKS)
 # Settings each per-job table depends on (figure, paired and transfer settings only rerun their own jobs).
 REL_JOB_SETTINGS = {k: v for k, v in RELIABILITY.items() if k not in ("figures", "paired", "transfer", "harmonised")}
-REL_CODE = code_hash("metrics", "stats/bootstrap.py", "data/derived.py", "stages_reliability.py")
+REL_CODE = code_hash("metrics", "stats/bootstrap.py", "data/derived.py", "reliability", "pipeline/reliability.py")
 REL_FIGURES = {
     "reliability_diagrams": ("calibration", ["bins", "calibration"]),
     "fairness_gaps": ("fairness", ["gaps"]),
@@ -85,7 +85,6 @@ rule transfer:
         mem_mb=2000,
         runtime=30,
     params:
-        stage="transfer",
         code=code_hash("protocols"),
         tasks=lambda wc: [REG.task(t) for t in TRANSFER_GROUPS[wc.group]],
         transfer=RELIABILITY["transfer"],
@@ -113,7 +112,6 @@ rule reliability:
         mem_mb=2000,
         runtime=30,
     params:
-        stage="reliability",
         code=REL_CODE,
         reliability=REL_JOB_SETTINGS,
         tasks=lambda wc: {t: REG.task(t) for t in _rel_tasks(wc.source, wc.name)},
@@ -133,7 +131,6 @@ rule reliability_collect:
     conda:
         CORE_ENV
     params:
-        stage="reliability_collect",
         code=REL_CODE,
         reliability={**REL_JOB_SETTINGS, "harmonised": RELIABILITY["harmonised"]},
         tasks=PLAN_TASKS,
@@ -163,7 +160,6 @@ rule reliability_paired:
     conda:
         CORE_ENV
     params:
-        stage="reliability_paired",
         code=REL_CODE,
         reliability={k: RELIABILITY[k] for k in ("paired", "bootstrap", "n_bins")},
         tasks=PLAN_TASKS,
@@ -191,7 +187,6 @@ rule reliability_figure:
     conda:
         CORE_ENV
     params:
-        stage="reliability_figure",
         code=code_hash("figures/reliability.py", "figures/style.py"),
         figure=lambda wc: wc.figure,
         reliability={"figures": RELIABILITY["figures"]},

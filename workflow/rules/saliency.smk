@@ -112,8 +112,7 @@ rule saliency:
         mem_mb=encoder_resource("mem_mb"),
         runtime=saliency_runtime,
     params:
-        stage="saliency",
-        code=code_hash("saliency", "protocols/finetune.py", "models", "stages_saliency_compute.py"),
+        code=code_hash("saliency", "protocols/finetune.py", "models", "pipeline/saliency.py"),
         task=lambda wc: REG.task(wc.task),
         encoder=lambda wc: REG.encoder(wc.encoder),
         saliency=SAL_JOB,
@@ -142,7 +141,6 @@ rule figure_saliency:
     conda:
         TORCH_ENV
     params:
-        stage="figure_saliency",
         code=code_hash("figures/saliency.py", "figures/style.py", "saliency/postprocess.py"),
         task=lambda wc: REG.task(wc.task),
         encoders={e: REG.encoder(e) for e in SAL_ENCODERS},

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.metrics.thresholds import point_metrics
-from retinabench.stats.bootstrap import cluster_weights, percentile_ci, weighted_metrics
+from retinabench.metrics.weighted import cluster_weights, percentile_ci, weighted_metrics
 
 GAP_METRICS_BINARY = ("ppr", "accuracy", "tpr", "fpr", "auroc")
 GAP_METRICS_MULTI = ("accuracy", "tpr_macro", "fpr_macro", "auroc_macro")

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 from scipy.stats import false_discovery_control
 
-from retinabench.stages_reliability import comparison_pairs, paired_comparisons, reliability_settings
+from retinabench.reliability import comparison_pairs, paired_comparisons
+from retinabench.settings import reliability_settings
 
 TASKS = {t: {"name": t, "dataset": "d", "modality": m, "classes": ["no", "yes"], "harmonised": None}
          for t, m in (("t_cfp", "cfp"), ("t_oct", "oct"))}
