@@ -29,7 +29,7 @@ include: "workflow/rules/compute.smk"
 rule all:
     default_target: True
     input:
-        all_targets(),
+        P.all_targets(),
 
 
-apply_site_resources()  # workflow/rules/resources.smk: Slurm partition / GPU request of every rule (docs/slurm.md)
+apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)

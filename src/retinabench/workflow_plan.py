@@ -122,22 +122,6 @@ def module_closure(*modules: str) -> list[Path]:
     return sorted(set(seen.values()))
 
 
-@cache
-def manifest_code_hash(adapter: str) -> str:
-    """Code hash of one dataset's manifest job: its adapter module and what it imports (shared helpers), plus
-    the manifest stage's own helpers. Adding or editing another adapter does not change it."""
-    from retinabench.data.adapters import ADAPTERS
-    if adapter not in ADAPTERS:
-        raise RegistryError(f"no adapter {adapter!r}; known adapters: {sorted(ADAPTERS)}")
-    files = module_closure(ADAPTERS[adapter].__module__, "retinabench.data.image_checks",
-                           "retinabench.data.subsample", "retinabench.data.raw_state")
-    h = hashlib.sha256()
-    for f in files:
-        h.update(str(f.relative_to(_PACKAGE_ROOT)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 class ConfigError(ValueError):
     """Problems found in a configuration before any job runs (all of them, one per line)."""
 

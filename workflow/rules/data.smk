@@ -1,37 +1,27 @@
 # Data stage: raw layout -> manifest + exclusions + decode pass -> duplicate clusters -> one split per dataset ->
-# per-task views of it; image cache; duplicates across datasets.
-
-
-GENERATED_ROOTS = {d["root"]: name for name, d in REG.datasets.items() if d.get("generated")}
+# per-task views of it; image cache; duplicates across datasets (retinabench.pipeline.data, retinabench.data).
 
 
 rule phantom:
     output:
-        metadata=os.path.join(PLAN.data_root, "{generated_root}", "metadata.csv"),
+        metadata=P.phantom_metadata,
     log:
         f"{R}/logs/phantom/{{generated_root}}.log",
     wildcard_constraints:
-        generated_root="|".join(map(re.escape, GENERATED_ROOTS)) or "(?!)",
+        generated_root=P.alternatives_of(P.generated_roots),
     conda:
         CORE_ENV
     params:
-        code=code_hash("data/phantom.py"),
-        # The config's phantom settings, overridden per dataset by its registry `options`.
-        phantom=lambda wc: {
-            **PHANTOM_DEFAULTS,
-            **config.get("phantom", {}),
-            **REG.dataset(GENERATED_ROOTS[wc.generated_root]).get("options", {}),
-        },
+        code=P.code("phantom"),
+        phantom=P.phantom_settings,
     script:
         STAGE
 
 
 rule manifest:
     input:
-        index=lambda wc: [
-            os.path.join(PLAN.dataset_root(wc.dataset), f) for f in REG.dataset(wc.dataset)["index_files"]
-        ],
-        fingerprint=lambda wc: raw_fingerprint(wc.dataset),
+        index=lambda wc: P.index_files(wc.dataset),
+        fingerprint=lambda wc: P.raw_fingerprint(wc.dataset, main_process=workflow.is_main_process),
     output:
         manifest=f"{R}/data/{{dataset}}/manifest.parquet",
         exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
@@ -44,9 +34,9 @@ rule manifest:
     threads: 8
     params:
         # Only this dataset's adapter and the helpers it imports: adding or editing another adapter reruns nothing.
-        code=lambda wc: manifest_code_hash(REG.dataset(wc.dataset)["adapter"]),
+        code=P.manifest_code,
         dataset=lambda wc: REG.dataset(wc.dataset),
-        root=lambda wc: PLAN.dataset_root(wc.dataset),
+        root=lambda wc: P.selection.dataset_root(wc.dataset),
     script:
         STAGE
 
@@ -62,7 +52,7 @@ rule duplicates:
     conda:
         CORE_ENV
     params:
-        code=code_hash("data/duplicates.py"),
+        code=P.code("duplicates"),
         duplicates=config["duplicates"],
     script:
         STAGE
@@ -79,10 +69,10 @@ rule split:
     conda:
         CORE_ENV
     params:
-        code=code_hash("data/splits.py", "data/derived.py"),
+        code=P.code("split"),
         split=config["split"],
         # every registry task of the dataset (not only the selected ones): one assignment whatever a config selects
-        tasks=lambda wc: dataset_tasks(REG, wc.dataset),
+        tasks=lambda wc: P.dataset_tasks(wc.dataset),
     script:
         STAGE
 
@@ -99,7 +89,7 @@ rule task_split:
     conda:
         CORE_ENV
     params:
-        code=code_hash("data/splits.py", "data/derived.py"),
+        code=P.code("task_split"),
         task=lambda wc: REG.task(wc.task),
         seed=config["split"]["seed"],
     script:
@@ -108,8 +98,8 @@ rule task_split:
 
 rule cross_duplicates:
     input:
-        hashes=[f"{R}/data/{d}/image_hashes.parquet" for d in PLAN.datasets],
-        splits=[f"{R}/splits/{d}.parquet" for d in PLAN.datasets],
+        hashes=[P.data(d, "image_hashes.parquet") for d in P.datasets],
+        splits=[f"{R}/splits/{d}.parquet" for d in P.datasets],
     output:
         pairs=f"{R}/data/cross_dataset_duplicates.parquet",
     log:
@@ -117,9 +107,9 @@ rule cross_duplicates:
     conda:
         CORE_ENV
     params:
-        code=code_hash("data/duplicates.py"),
+        code=P.code("cross_duplicates"),
         duplicates=config["duplicates"],
-        datasets=PLAN.datasets,
+        datasets=P.datasets,
     script:
         STAGE
 
@@ -128,8 +118,7 @@ rule image_cache:
     input:
         manifest=f"{R}/data/{{dataset}}/manifest.parquet",
     output:
-        array=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.npy",
-        index=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.index.parquet",
+        **P.cache_files("{dataset}"),
     log:
         f"{R}/logs/image_cache/{{dataset}}.log",
     conda:
@@ -138,8 +127,8 @@ rule image_cache:
     resources:
         mem_mb=2000,
     params:
-        code=code_hash("data/image_cache.py"),
+        code=P.code("image_cache"),
         image_cache=config["image_cache"],
-        root=lambda wc: PLAN.dataset_root(wc.dataset),
+        root=lambda wc: P.selection.dataset_root(wc.dataset),
     script:
         STAGE

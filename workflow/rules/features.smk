@@ -4,7 +4,7 @@
 
 rule features:
     input:
-        unpack(lambda wc: cache_files(wc.dataset)),
+        unpack(lambda wc: P.cache_files(wc.dataset)),
     output:
         features=f"{R}/features/{{encoder}}/{{dataset}}.parquet",
     log:
@@ -13,12 +13,12 @@ rule features:
         TORCH_ENV
     threads: 2
     resources:
-        mem_mb=encoder_resource("mem_mb"),
-        runtime=encoder_resource("runtime"),
-        gpu=encoder_resource("gpu"),
+        mem_mb=P.encoder_resource("mem_mb"),
+        runtime=P.encoder_resource("runtime"),
+        gpu=P.encoder_resource("gpu"),
     params:
-        code=code_hash("models", "features"),
+        code=P.code("features"),
         encoder=lambda wc: REG.encoder(wc.encoder),
-        features=feature_settings,
+        features=P.feature_settings,
     script:
         STAGE

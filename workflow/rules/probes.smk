@@ -4,8 +4,8 @@
 
 rule frozen:
     input:
-        features=lambda wc: f"{R}/features/{wc.encoder}/{task_dataset(wc)}.parquet",
-        split=lambda wc: f"{R}/splits/{task_dataset(wc)}/{wc.task}.parquet",
+        features=lambda wc: P.features(wc.encoder, P.task_dataset(wc.task)),
+        split=lambda wc: P.task_split(wc.task),
     output:
         predictions=f"{R}/predictions/frozen/{{encoder}}/{{task}}.parquet",
         log=f"{R}/training_logs/frozen/{{encoder}}/{{task}}.parquet",
@@ -19,23 +19,8 @@ rule frozen:
         mem_mb=2000,
         runtime=30,
     params:
-        code=code_hash(
-            "protocols/frozen.py",
-            "protocols/knn.py",
-            "protocols/linear.py",
-            "protocols/logreg.py",
-            "protocols/common.py",
-            "metrics/classification.py",
-            "data/splits.py",
-        ),
+        code=P.code("frozen"),
         task=lambda wc: REG.task(wc.task),
-        protocols={
-            "names": config["protocols"],
-            "seeds": config["seeds"],
-            "regimes": config["regimes"],
-            "knn": config["knn"],
-            "linear": config["linear"],
-            "logreg": config["logreg"],
-        },
+        protocols=P.frozen_settings(),
     script:
         STAGE
