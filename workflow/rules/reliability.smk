@@ -25,7 +25,7 @@ rule transfer:
         code=P.code("transfer"),
         tasks=lambda wc: [REG.task(t) for t in REL.transfer_groups[wc.group]],
         transfer=REL.settings["transfer"],
-        probes={"knn": config["knn"], "linear": config["linear"], "logreg": config["logreg"]},
+        probes=P.protocol_settings(REL.settings["transfer"]["protocols"]),
     script:
         STAGE
 

@@ -35,8 +35,14 @@ class WorkflowPlan(CorePlan):
     # -- what downstream layers read -----------------------------------------------------------------------
     def prediction_files(self) -> dict[str, str]:
         """{"<source>/<encoder>/<task>": path} of every protocol's per-(encoder, task) predictions except transfer
-        (the reliability plan adds its own): frozen probes, then fine-tuning when enabled."""
-        return {**self.frozen_prediction_files(), **self.finetune.prediction_files()}
+        (the reliability plan adds its own), by kind in the protocol registry: one frozen table per (encoder, task)
+        holds every `features` protocol of the config; each `images` protocol (fine-tuning, when enabled) has its
+        own. Downstream layers (reliability, analysis) read this, never a hand-kept list."""
+        from retinabench.protocols.registry import PROTOCOLS
+        kinds = {PROTOCOLS.get(p).kind for p in self.config["protocols"]}
+        files = self.frozen_prediction_files() if "features" in kinds else {}
+        files.update(self.finetune.prediction_files())
+        return files
 
     def metrics_files(self) -> list[str]:
         """Per-job metrics tables of every protocol the config runs (collect_metrics concatenates them)."""

@@ -119,10 +119,16 @@ class CorePlan:
     def dataset_tasks(self, dataset: str) -> list[dict]:
         return dataset_tasks(self.reg, dataset)
 
+    def protocol_settings(self, names) -> dict:
+        """{section: settings} of the `features` protocols ``names`` (retinabench.protocols.registry)."""
+        from retinabench.protocols.registry import PROTOCOLS
+        PROTOCOLS.check(names, "features", "protocols")
+        return {PROTOCOLS.get(n).section: PROTOCOLS.get(n).settings(self.config) for n in names}
+
     def frozen_settings(self) -> dict:
         c = self.config
-        return {"names": c["protocols"], "seeds": c["seeds"], "regimes": c["regimes"], "knn": c["knn"],
-                "linear": c["linear"], "logreg": c["logreg"]}
+        return {"names": c["protocols"], "seeds": c["seeds"], "regimes": c["regimes"],
+                **self.protocol_settings(c["protocols"])}
 
     def targets(self) -> list[str]:
         R = self.R
