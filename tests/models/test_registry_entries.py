@@ -14,7 +14,11 @@ from retinabench.models.published import reduced_hf_config, save_transformers_ch
 from retinabench.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[2]
-ENTRIES = load_registry(REPO / "config/encoders.yaml", "encoders")
+# Image encoders (the features interface); mllm entries have no image tower of their own here: their offline
+# check (architecture on meta, parameter count, a reduced checkpoint through the real loader) is in
+# tests/protocols/test_mllm_registry.py.
+ENTRIES = {n: e for n, e in load_registry(REPO / "config/encoders.yaml", "encoders").items()
+           if "mllm" not in (e.get("interfaces") or [])}
 
 
 def _param_count(module) -> float:

@@ -3,6 +3,13 @@
 
 For binary tasks AUROC and AUPRC use the positive (second) class's probability, which is what their macro
 one-vs-rest forms reduce to for AUROC; for AUPRC it is the standard binary average precision.
+
+Predictions that carry a generated ``answer`` (the MLLM protocols) take their hard decisions from the table's
+``y_pred`` as written (the parsed answer), not from the probabilities; an invalid answer is ``y_pred = -1``
+(:data:`INVALID_PRED`) and counts as wrong in every hard-decision metric: accuracy, balanced accuracy (a miss of
+its true class), macro F1 (a false negative of its true class, a false positive of none) and kappa (a category of
+its own that agrees with no class; weight 1 = maximal disagreement against every class). Such tables also get
+``invalid_rate`` (n = all rows) and ``accuracy_valid`` (accuracy over the valid answers; n = their count).
 """
 from __future__ import annotations
 
@@ -12,6 +19,9 @@ from sklearn import metrics as skm
 
 GROUP_KEYS = ["dataset", "task", "encoder", "protocol", "seed", "regime", "split"]
 METRIC_NAMES = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece")
+# Generated-answer predictions (an ``answer`` column): the invalid-answer code and the metrics they add.
+INVALID_PRED = -1
+ANSWER_METRIC_NAMES = ("invalid_rate", "accuracy_valid")
 
 
 def binned_calibration_error(target: np.ndarray, prob: np.ndarray, n_bins: int = 10) -> float:
@@ -36,20 +46,64 @@ def expected_calibration_error(y_true: np.ndarray, proba: np.ndarray, n_bins: in
     return binned_calibration_error(correct, proba.max(axis=1), n_bins)
 
 
-def classification_metrics(y_true: np.ndarray, proba: np.ndarray, *, ordinal: bool) -> dict[str, float]:
+def kappa_with_invalid(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int, *, ordinal: bool) -> float:
+    """Cohen's kappa (quadratic weights for ordinal tasks) with invalid predictions (``INVALID_PRED``) as an
+    extra category whose disagreement weight with every class is 1 (the maximum); equals sklearn's
+    ``cohen_kappa_score`` when nothing is invalid."""
+    k = n_classes + 1  # last category: invalid
+    cat_pred = np.where(y_pred == INVALID_PRED, n_classes, y_pred)
+    observed = np.zeros((k, k))
+    np.add.at(observed, (np.asarray(y_true), cat_pred), 1.0)
+    idx = np.arange(k)
+    if ordinal:
+        w = ((idx[:, None] - idx[None, :]) / max(1, n_classes - 1)) ** 2
+    else:
+        w = (idx[:, None] != idx[None, :]).astype(float)
+    w[n_classes, :] = w[:, n_classes] = 1.0
+    w[n_classes, n_classes] = 0.0
+    expected = np.outer(observed.sum(1), observed.sum(0)) / observed.sum()
+    denom = (w * expected).sum()
+    return float(1.0 - (w * observed).sum() / denom) if denom > 0 else float("nan")
+
+
+def classification_metrics(y_true: np.ndarray, proba: np.ndarray, *, ordinal: bool,
+                           y_pred: np.ndarray | None = None) -> dict[str, float]:
+    """All metrics of one group. ``y_pred``: hard decisions as written in the predictions (generated answers,
+    ``INVALID_PRED`` for an invalid one); default the argmax of ``proba``. With ``y_pred`` given the result also
+    holds ``invalid_rate``, ``accuracy_valid`` and ``n_valid``."""
     y_true = np.asarray(y_true)
     proba = np.asarray(proba, dtype=float)
     n_classes = proba.shape[1]
-    y_pred = proba.argmax(axis=1)
     labels = np.arange(n_classes)
     present = np.unique(y_true)
-    out = {
-        "accuracy": skm.accuracy_score(y_true, y_pred),
-        "balanced_accuracy": skm.balanced_accuracy_score(y_true, y_pred),
-        "f1_macro": skm.f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0),
-        "kappa": skm.cohen_kappa_score(y_true, y_pred, labels=labels, weights="quadratic" if ordinal else None),
-        "ece": expected_calibration_error(y_true, proba),
-    }
+    if y_pred is None:
+        y_pred = proba.argmax(axis=1)
+        out = {
+            "accuracy": skm.accuracy_score(y_true, y_pred),
+            "balanced_accuracy": skm.balanced_accuracy_score(y_true, y_pred),
+            "f1_macro": skm.f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0),
+            "kappa": skm.cohen_kappa_score(y_true, y_pred, labels=labels, weights="quadratic" if ordinal else None),
+        }
+    else:
+        y_pred = np.asarray(y_pred, dtype=np.int64)
+        bad = sorted(set(np.unique(y_pred).tolist()) - set(labels.tolist()) - {INVALID_PRED})
+        if bad:
+            raise ValueError(f"y_pred values {bad} are neither a class index (0..{n_classes - 1}) nor the "
+                             f"invalid-answer code {INVALID_PRED}")
+        valid = y_pred != INVALID_PRED
+        correct = y_pred == y_true
+        out = {
+            "accuracy": float(correct.mean()) if len(y_true) else float("nan"),
+            # recall of each present class, invalid answers being misses of their true class
+            "balanced_accuracy": float(np.mean([correct[y_true == c].mean() for c in present])),
+            # labels exclude the invalid code: an invalid answer is a false negative of its true class only
+            "f1_macro": skm.f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0),
+            "kappa": kappa_with_invalid(y_true, y_pred, n_classes, ordinal=ordinal),
+            "invalid_rate": float((~valid).mean()) if len(y_true) else float("nan"),
+            "accuracy_valid": float(correct[valid].mean()) if valid.any() else float("nan"),
+            "n_valid": int(valid.sum()),
+        }
+    out["ece"] = expected_calibration_error(y_true, proba)
     if len(present) < 2:  # ranking metrics are undefined with one class present
         out["auroc"] = out["auprc"] = float("nan")
     elif n_classes == 2:
@@ -60,7 +114,7 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, *, ordinal: bo
         cols = [k for k in labels if onehot[:, k].any()]  # a class absent from y_true has no OvR curve
         out["auroc"] = skm.roc_auc_score(onehot[:, cols], proba[:, cols], average="macro")
         out["auprc"] = skm.average_precision_score(onehot[:, cols], proba[:, cols], average="macro")
-    return {k: float(v) for k, v in out.items()}
+    return {k: (v if k == "n_valid" else float(v)) for k, v in out.items()}
 
 
 def metrics_table(predictions: pd.DataFrame, tasks: dict[str, dict]) -> pd.DataFrame:
@@ -72,8 +126,14 @@ def metrics_table(predictions: pd.DataFrame, tasks: dict[str, dict]) -> pd.DataF
         missing = [c for c in pcols if c not in grp.columns]
         if missing:
             raise KeyError(f"predictions for task {key[1]} lack probability columns {missing}")
-        values = classification_metrics(grp["y_true"].to_numpy(), grp[pcols].to_numpy(), ordinal=task["ordinal"])
+        answered = "answer" in grp.columns  # generated answers: hard decisions as written, invalid = -1
+        values = classification_metrics(grp["y_true"].to_numpy(), grp[pcols].to_numpy(), ordinal=task["ordinal"],
+                                        y_pred=grp["y_pred"].to_numpy() if answered else None)
         base = dict(zip(GROUP_KEYS, key))
         for metric in METRIC_NAMES:
             rows.append({**base, "metric": metric, "value": values[metric], "n": len(grp)})
+        if answered:
+            rows.append({**base, "metric": "invalid_rate", "value": values["invalid_rate"], "n": len(grp)})
+            rows.append({**base, "metric": "accuracy_valid", "value": values["accuracy_valid"],
+                         "n": values["n_valid"]})
     return pd.DataFrame(rows)
