@@ -101,12 +101,11 @@ def yes_no_scores(logits, tokens: AnswerTokens) -> dict[str, np.ndarray]:
     and the renormalised p_yes / (p_yes + p_no) (in log space: exact when both are tiny)."""
     import torch
     logp = torch.log_softmax(torch.as_tensor(logits).float(), dim=-1)
-    lp_yes = logp[:, list(tokens.yes_ids)].max(dim=1).values
-    lp_no = logp[:, list(tokens.no_ids)].max(dim=1).values
+    lp_yes = logp[:, list(tokens.yes_ids)].max(dim=1).values.double().cpu()
+    lp_no = logp[:, list(tokens.no_ids)].max(dim=1).values.double().cpu()
     p_yes, p_no = lp_yes.exp(), lp_no.exp()
-    renorm = torch.sigmoid(lp_yes - lp_no)
-    return {"prob_yes": p_yes.double().cpu().numpy(), "prob_no": p_no.double().cpu().numpy(),
-            "mass": (p_yes + p_no).double().cpu().numpy(), "renorm": renorm.double().cpu().numpy()}
+    return {"prob_yes": p_yes.numpy(), "prob_no": p_no.numpy(), "mass": (p_yes + p_no).numpy(),
+            "renorm": torch.sigmoid(lp_yes - lp_no).numpy()}
 
 
 # --- the model ----------------------------------------------------------------------------------------------------

@@ -125,8 +125,8 @@ def load_dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEnc
         def enc_text(texts):
             return model.encode_text(tokenizer(list(texts)).to(_device_of(model)))
         return DualEncoder(entry["name"], "siglip" if bias is not None else "clip", model, model.encode_image,
-                           enc_text, entry["input_size"], mean, std, float(model.logit_scale.exp()),
-                           None if bias is None else float(bias), prov)
+                           enc_text, entry["input_size"], mean, std, float(model.logit_scale.detach().exp()),
+                           None if bias is None else float(bias.detach()), prov)
     if entry["source"] != "transformers":
         raise WeightsError(f"{what}: zero-shot needs an open_clip or transformers dual encoder")
     model, tokenizer, prov = load_transformers_with(entry, weights, processor="AutoTokenizer")
