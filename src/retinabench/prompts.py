@@ -179,10 +179,33 @@ class PromptRegistry:
         return tasks.get(task["name"]) or (tasks.get(task["harmonised"]) if task.get("harmonised") else None)
 
     def sets_for(self, interface: str, task: dict) -> list[str]:
-        """The sets of ``interface`` that prompt ``task`` (by its name or its harmonised id), default first."""
-        names = [s for s in self.sets(interface) if self._task_spec(interface, s, task) is not None]
+        """The sets of ``interface`` that prompt ``task`` (by its name or its harmonised id), default first; an
+        mllm set whose metadata the task does not declare safe is not among them (:meth:`skipped_sets` says
+        which and why, for the coverage record)."""
+        names = [s for s in self.sets(interface) if self._task_spec(interface, s, task) is not None
+                 and s not in self.skipped_sets(interface, task)]
         default = self.data["defaults"].get(interface)
         return sorted(names, key=lambda s: (s != default, self.sets(interface).index(s)))
+
+    def skipped_sets(self, interface: str, task: dict) -> dict[str, str]:
+        """Sets that cover ``task`` but cannot prompt it: metadata sets whose fields the task does not declare
+        safe (``prompt_metadata``). A set that would show the label is not skipped: :meth:`mllm` refuses it."""
+        out = {}
+        if interface != "mllm":
+            return out
+        safe = set(task.get("prompt_metadata") or [])
+        forbidden = forbidden_fields(task)
+        for s in self.sets("mllm"):
+            spec = self._task_spec("mllm", s, task)
+            if spec is None:
+                continue
+            meta = self.data["mllm"][s].get("metadata") or {}
+            fields = {f for name in _placeholders(spec["question"], s) for f in
+                      (meta[name].get("fields") or [meta[name].get("field", name)])}
+            undeclared = sorted(fields - safe - forbidden)
+            if undeclared and not (fields & forbidden):
+                out[s] = f"task {task['name']!r} does not declare {undeclared} safe for prompts (prompt_metadata)"
+        return out
 
     def _spec(self, interface: str, set_name: str, task: dict) -> dict:
         spec = self._task_spec(interface, set_name, task)

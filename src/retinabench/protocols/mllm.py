@@ -255,6 +255,9 @@ def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest:
     metadata a question may use, and the label fields the leakage guard checks)."""
     from retinabench.protocols.zeroshot import regime_queries
     sets = list(prompt_sets) if prompt_sets is not None else prompts.sets_for("mllm", task)
+    for s, why in prompts.skipped_sets("mllm", task).items():
+        if s not in sets:
+            print(f"mllm {mllm.name}/{task['name']}: prompt set {s!r} skipped: {why}")
     if not sets:
         raise KeyError(f"no mllm prompt set covers task {task['name']!r} (harmonised {task.get('harmonised')!r})")
     queries = regime_queries(split, regimes)

@@ -154,7 +154,7 @@ def load_dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEnc
     with torch.no_grad():
         scale = float(model.logit_scale.exp())
     return DualEncoder(entry["name"], family, model, enc_image, enc_text, entry["input_size"], mean, std, scale,
-                       None if bias is None else float(bias.reshape(-1)[0]), prov)
+                       None if bias is None else float(bias.detach().reshape(-1)[0]), prov)
 
 
 def embed_images(dual: DualEncoder, images: np.ndarray, *, batch_size: int = 64, device: str = "auto") -> np.ndarray:
