@@ -148,3 +148,27 @@ def test_run_mllm_on_tiny_models_keeps_every_row(tiny_mllms, prompts, name):
     assert (preds["answer_valid"] == valid).all() and ((preds["y_pred"] == INVALID) == ~valid).all()
     assert ((preds["mass"] - preds["prob_yes"] - preds["prob_no"]).abs() < 1e-12).all()
     assert (preds["prompt"].str.contains("diabetic retinopathy")).all()
+
+
+def test_the_hub_path_users_run_loads_every_pinned_file_at_the_locked_revision(tiny_mllms, monkeypatch):
+    """What a user's run does: the lock record's files fetched at its revision, each sha256-checked, then the
+    model and its processor from exactly those files (here a stand-in hub serves the tiny model's folder)."""
+    import huggingface_hub
+
+    from retinabench.models.loaders import WeightsError
+    from tests.models.conftest import FakeHub, lock_record
+    hub = FakeHub()
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.download)
+    entry, folder = tiny_mllms["tiny_qwen2_vl"]
+    files = {p.name: p for p in sorted(folder.iterdir())}
+    for name, path in files.items():
+        hub.add("org/tiny-qwen2-vl", name, path)
+    pinned = dict(entry, hub_id="org/tiny-qwen2-vl", hf_files=["config.json", "*.json", "*.jinja"])
+    pinned["lock"] = lock_record(pinned, files)
+    m = load_mllm(pinned, device="cpu")
+    assert sorted(c[1] for c in hub.calls) == sorted(files) and {c[2] for c in hub.calls} == {"a" * 40}
+    assert m.weights["hub_id"] == "org/tiny-qwen2-vl" and set(m.weights["files"]) == set(files)
+    assert type(m.processor).__name__ == "Qwen2VLProcessor" and m.tokenizer.padding_side == "left"
+    tampered = dict(pinned, lock=dict(pinned["lock"], files=dict(pinned["lock"]["files"], **{"config.json": "0" * 64})))
+    with pytest.raises(WeightsError, match="sha256 mismatch"):
+        load_mllm(tampered, device="cpu")

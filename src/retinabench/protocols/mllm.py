@@ -156,16 +156,17 @@ def load_mllm(entry: dict, weights: str | Path | None = None, *, device: str = "
     return MLLM(entry["name"], model, processor, tokens, dev, dt, prov | {"answer_tokens": tokens.record()})
 
 
-def greedy_config(model, max_new_tokens: int, pad_token_id: int | None):
+def greedy_config(model, max_new_tokens: int, pad_token_id: int | None, logits: bool = True):
     """The model's generation config made purely greedy: no sampling, no beam search, no repetition penalty
-    (the first generated token is then the argmax of the scored distribution), ``max_new_tokens`` new tokens."""
+    (the first generated token is then the argmax of the scored distribution), ``max_new_tokens`` new tokens;
+    ``logits``: also return the raw logits of every step (``output_logits``)."""
     gc = copy.deepcopy(model.generation_config)
     gc.do_sample, gc.num_beams, gc.max_new_tokens = False, 1, int(max_new_tokens)
     for attr, neutral in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 50), ("repetition_penalty", 1.0),
                           ("min_p", None), ("typical_p", 1.0)):
         if hasattr(gc, attr):
             setattr(gc, attr, neutral)
-    gc.return_dict_in_generate, gc.output_logits, gc.output_scores = True, True, False
+    gc.return_dict_in_generate, gc.output_logits, gc.output_scores = True, bool(logits), False
     if pad_token_id is not None:
         gc.pad_token_id = pad_token_id
     return gc
@@ -192,12 +193,13 @@ def generate_answers(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], 
                      score: bool = True) -> pd.DataFrame:
     """Answer text and yes/no scores for each (question, image), in order, from one generate() per batch.
 
-    ``score=False`` returns the text only (the benchmark's "generate alone" arm)."""
+    ``score=False``: the text only, from a generate() that returns no logits (the benchmark's "generate alone"
+    arm)."""
     import torch
     if len(questions) != len(images):
         raise ValueError(f"{len(questions)} questions for {len(images)} images")
     tok = mllm.tokenizer
-    gc = greedy_config(mllm.model, max_new_tokens, tok.pad_token_id)
+    gc = greedy_config(mllm.model, max_new_tokens, tok.pad_token_id, logits=score)
     cols: dict[str, list] = {"answer": [], "prob_yes": [], "prob_no": [], "mass": [], "renorm": []}
     mllm.model.eval()
     with torch.inference_mode():

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-WORDS = ("yes no Yes No Yes. No. yes. no. yes, no, yesterday maybe I cannot tell the a an of is in this image "
+WORDS = tuple(("yes no Yes No Yes. No. yes. no. yes, no, yesterday maybe I cannot tell the a an of is in this image "
          "eye retina fundus photograph photo healthy disease diabetic retinopathy glaucoma with without signs "
-         "referable show shows does Does answer Answer : . , ? ! Based on respond only or").split()
+         "referable show shows does Does answer Answer : . , ? ! Based on respond only or").split())
 SPECIAL = ("<pad>", "<unk>", "<s>", "</s>", "<image>", "<|user|>", "<|assistant|>", "<|system|>",
            "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # Roles and images as whitespace-separated tokens; the generation prompt ends with the assistant tag.
@@ -65,29 +65,38 @@ def _entry(name: str, **fields) -> dict:
 
 
 # --- multimodal LLMs -----------------------------------------------------------------------------------------------
-def _tiny_llama(vocab: int, **kw):
+def _tiny_llama(vocab: int, hidden: int = 32, layers: int = 2, **kw):
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0,
                        bos_token_id=2, eos_token_id=3, **kw)
 
 
-def build_tiny_llava(folder: str | Path, seed: int = 0) -> dict:
-    """A 2+2-layer LLaVA (CLIP vision tower, 32-px images, patch 8: 16 image tokens) saved with its processor."""
+def filler_words(n: int) -> tuple[str, ...]:
+    """``n`` extra vocabulary entries (``w0`` ...): a realistic vocabulary size for the full-softmax cost."""
+    return tuple(f"w{i}" for i in range(n))
+
+
+def build_tiny_llava(folder: str | Path, seed: int = 0, *, text_hidden: int = 32, text_layers: int = 2,
+                     vision_hidden: int = 32, vision_layers: int = 2, image_size: int = 32, vocab: int = 0) -> dict:
+    """A 2+2-layer LLaVA (CLIP vision tower, 32-px images, patch 8: 16 image tokens) saved with its processor.
+    The keyword arguments scale it up (the benchmark's larger random config); ``vocab`` pads the WordLevel
+    vocabulary with filler words to that size."""
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration,
                               LlavaProcessor)
     folder = Path(folder)
-    tok = tiny_tokenizer("<image>")
+    tok = tiny_tokenizer("<image>", words=WORDS + filler_words(max(0, vocab - len(SPECIAL) - len(WORDS))))
     torch.manual_seed(seed)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              image_size=32, patch_size=8, projection_dim=32)
-    cfg = LlavaConfig(vision_config=vision, text_config=_tiny_llama(len(tok)),
+    vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                              num_hidden_layers=vision_layers, num_attention_heads=4, image_size=image_size,
+                              patch_size=8, projection_dim=vision_hidden)
+    cfg = LlavaConfig(vision_config=vision, text_config=_tiny_llama(len(tok), text_hidden, text_layers),
                       image_token_index=tok.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
                       vision_feature_layer=-1, pad_token_id=0)
     model = LlavaForConditionalGeneration(cfg).eval()
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 3
-    improc = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+    improc = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
                                 image_mean=[0.5] * 3, image_std=[0.5] * 3)
     proc = LlavaProcessor(image_processor=improc, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
                           num_additional_image_tokens=1, chat_template=tok.chat_template)
@@ -179,7 +188,8 @@ def build_tiny_siglip(folder: str | Path, seed: int = 0) -> dict:
     cfg = dict(vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
                                   image_size=28, patch_size=14),
                text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
-                                vocab_size=len(tok), max_position_embeddings=16, pad_token_id=0, eos_token_id=3))
+                                vocab_size=len(tok), max_position_embeddings=16, pad_token_id=0, bos_token_id=2,
+                                eos_token_id=3))
     SiglipModel(SiglipConfig(**cfg)).eval().save_pretrained(folder)
     SiglipImageProcessor(size={"height": 28, "width": 28}, image_mean=[0.5] * 3,
                          image_std=[0.5] * 3).save_pretrained(folder)
