@@ -157,18 +157,21 @@ def load_dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEnc
                        None if bias is None else float(bias.detach().reshape(-1)[0]), prov)
 
 
-def embed_images(dual: DualEncoder, images: np.ndarray, *, batch_size: int = 64, device: str = "auto") -> np.ndarray:
-    """Image embeddings [N, D] (float32, not normalised) of uint8 NHWC images; bf16 autocast on CUDA."""
+def embed_images(dual: DualEncoder, images: np.ndarray, *, rows: np.ndarray | None = None, batch_size: int = 64,
+                 device: str = "auto") -> np.ndarray:
+    """Image embeddings [N, D] (float32, not normalised) of uint8 NHWC images (``rows``: only these rows, in this
+    order; a memory-mapped cache is then read one batch at a time); bf16 autocast on CUDA."""
     import torch
 
     from retinabench.features.extract import pick_device, to_model_input
     dev = pick_device(device)
     dual.to(dev)
     dual.module.eval()
+    rows = np.arange(len(images)) if rows is None else np.asarray(rows, dtype=np.int64)
     out = []
     with torch.inference_mode():
-        for start in range(0, len(images), batch_size):
-            x = to_model_input(images[start:start + batch_size], dual, dev)
+        for start in range(0, len(rows), batch_size):
+            x = to_model_input(images[rows[start:start + batch_size]], dual, dev)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 emb = dual.encode_image(x)
             out.append(emb.float().cpu().numpy())
@@ -244,8 +247,7 @@ def run_zeroshot(dual: DualEncoder, images: np.ndarray, image_ids: Sequence[str]
         raise KeyError(f"zero-shot {dual.name}/{task['name']}: {len(lacking)} split images are not among the "
                        f"images given, e.g. {lacking[:3]}")
     order = np.sort(np.fromiter((index[i] for i in needed), dtype=np.int64, count=len(needed)))
-    emb = embed_images(dual, images[order] if not isinstance(images, list) else [images[k] for k in order],
-                       batch_size=batch_size, device=device)
+    emb = embed_images(dual, images, rows=order, batch_size=batch_size, device=device)
     cls = {s: class_embeddings(dual, prompts.zeroshot(s, task)) for s in sets}
     return zeroshot_predictions([image_ids[k] for k in order], emb, split, task, dual.name, cls,
                                 logit_scale=dual.logit_scale, logit_bias=dual.logit_bias,
