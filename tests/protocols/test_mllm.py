@@ -172,3 +172,13 @@ def test_the_hub_path_users_run_loads_every_pinned_file_at_the_locked_revision(t
     tampered = dict(pinned, lock=dict(pinned["lock"], files=dict(pinned["lock"]["files"], **{"config.json": "0" * 64})))
     with pytest.raises(WeightsError, match="sha256 mismatch"):
         load_mllm(tampered, device="cpu")
+
+
+def test_check_encoder_loads_an_mllm_and_lists_its_answer_tokens(tiny_mllms):
+    from retinabench.models.check import check_encoder
+    entry, folder = tiny_mllms["tiny_llava"]
+    ok, lines = check_encoder(entry, weights=folder)
+    text = "\n".join(lines)
+    assert ok and "LlavaProcessor, chat template: yes" in text and "'YES': 'unknown/special token'" in text
+    bad, lines = check_encoder(dict(entry, hf_config={"model_type": "qwen2_vl"}), weights=folder)
+    assert not bad and "disagrees with the entry's hf_config" in "\n".join(lines)

@@ -28,6 +28,7 @@ from retinabench.prompts import PromptRegistry, ZeroShotPrompts, protocol_name, 
 
 ZEROSHOT_PROTOCOLS = ("zeroshot", "zeroshot_focus")
 FOCUS_SCALE = 100.0
+DEFAULTS: dict = {"batch_size": 64, "device": "auto", "regimes": ("u-u",)}
 FAMILIES = ("clip", "siglip")
 
 
