@@ -127,7 +127,7 @@ def test_invalid_answers_are_kept_with_y_pred_minus_one(tiny_mllms, prompts):
     np.testing.assert_allclose(a["p_yes"], a["prob_yes"])
 
 
-@pytest.mark.parametrize("name", ["tiny_llava", "tiny_qwen2_vl"])
+@pytest.mark.parametrize("name", ["tiny_llava", "tiny_qwen2_vl", "tiny_llava_next", "tiny_gemma3"])
 def test_run_mllm_on_tiny_models_keeps_every_row(tiny_mllms, prompts, name):
     entry, folder = tiny_mllms[name]
     m = load_mllm(entry, weights=folder, device="cpu")
@@ -148,6 +148,10 @@ def test_run_mllm_on_tiny_models_keeps_every_row(tiny_mllms, prompts, name):
     assert (preds["answer_valid"] == valid).all() and ((preds["y_pred"] == INVALID) == ~valid).all()
     assert ((preds["mass"] - preds["prob_yes"] - preds["prob_no"]).abs() < 1e-12).all()
     assert (preds["prompt"].str.contains("diabetic retinopathy")).all()
+    # the image reaches the model: two very different images give different first-step scores
+    out = generate_answers(m, prompts.mllm("plain", TASK), ["q"] * 2,
+                           [np.zeros((32, 32, 3), np.uint8), np.full((32, 32, 3), 255, np.uint8)], max_new_tokens=1)
+    assert out["prob_yes"].iloc[0] != out["prob_yes"].iloc[1]
 
 
 def test_the_hub_path_users_run_loads_every_pinned_file_at_the_locked_revision(tiny_mllms, monkeypatch):

@@ -5,8 +5,11 @@ through the *same* loaders users run (no hub, no download).
   use, ``yes``/``no``/``Yes``/``No`` among them), whitespace pre-tokenizer, wrapped in ``PreTrainedTokenizerFast``
   with a small Jinja chat template. ``YES`` is deliberately *not* in the vocabulary (it encodes to ``<unk>``: a
   variant that must not count), and ``Yes.`` / ``no,`` are single tokens (the parser must read them).
-- :func:`build_tiny_llava` / :func:`build_tiny_qwen2_vl`: image-text-to-text models (2-layer vision and text
-  towers, 32-px images) saved with their processor to a folder: ``load_mllm(entry, weights=folder)``.
+- :func:`build_tiny_llava` / :func:`build_tiny_qwen2_vl` / :func:`build_tiny_llava_next` /
+  :func:`build_tiny_gemma3`: image-text-to-text models (2-layer vision and text towers, 32-px images) saved with
+  their processor to a folder: ``load_mllm(entry, weights=folder)``. LLaVA-NeXT and Gemma 3 are the
+  architectures of FOCUS's LLaVA-NeXT-8B and Gemma-3 / MedGemma models (Qwen3-VL: bench/gpu_check_interfaces.py
+  --smoke builds a reduced one).
 - :func:`build_tiny_open_clip` (a registered custom open_clip config + the bundled BPE tokenizer) and
   :func:`build_tiny_siglip` / :func:`build_tiny_hf_clip` (transformers dual encoders with a WordLevel tokenizer):
   ``load_dual_encoder(entry, weights=...)``.
@@ -36,12 +39,15 @@ CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
 
-def tiny_tokenizer(image_placeholder: str = "<image>", words=WORDS, model: str = "wordlevel"):
+def tiny_tokenizer(image_placeholder: str = "<image>", words=WORDS, model: str = "wordlevel",
+                   named: dict[str, str] | None = None):
     """A PreTrainedTokenizerFast over ``SPECIAL + words``. ``model="wordpiece"`` adds ``YE`` + ``##S`` so that
-    ``YES`` encodes as two tokens (a multi-token variant)."""
+    ``YES`` encodes as two tokens (a multi-token variant). ``named``: model-specific special tokens by attribute
+    name (Gemma 3's ``boi_token`` / ``eoi_token`` / ``image_token``), added to the vocabulary."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    vocab = {t: i for i, t in enumerate(dict.fromkeys([*SPECIAL, *words]))}
+    named = dict(named or {})
+    vocab = {t: i for i, t in enumerate(dict.fromkeys([*SPECIAL, *named.values(), *words]))}
     if model == "wordpiece":
         for extra in ("YE", "##S"):
             vocab.setdefault(extra, len(vocab))
@@ -51,9 +57,9 @@ def tiny_tokenizer(image_placeholder: str = "<image>", words=WORDS, model: str =
         tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                  eos_token="</s>", padding_side="left")
+                                  eos_token="</s>", padding_side="left", **named)
     # Registered as special tokens: otherwise a run of image tokens is not split into single tokens.
-    tok.add_special_tokens({"additional_special_tokens": [t for t in SPECIAL[4:]]})
+    tok.add_special_tokens({"additional_special_tokens": [*SPECIAL[4:], *named.values()]})
     tok.chat_template = CHAT_TEMPLATE.replace("image_placeholder", repr(image_placeholder))
     return tok
 
@@ -141,6 +147,65 @@ def build_tiny_qwen2_vl(folder: str | Path, seed: int = 0) -> dict:
                   hf_full_class="Qwen2VLForConditionalGeneration")
 
 
+def build_tiny_llava_next(folder: str | Path, seed: int = 0) -> dict:
+    """A 2+2-layer LLaVA-NeXT (any-resolution tiles over 32-px crops, grid pinpoints 32x32 / 32x64 / 64x32) saved
+    with its processor: the architecture of FOCUS's LLaVA-NeXT-8B."""
+    from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
+                              LlavaNextImageProcessor, LlavaNextProcessor)
+    folder = Path(folder)
+    tok = tiny_tokenizer("<image>")
+    torch.manual_seed(seed)
+    pins = [[32, 32], [32, 64], [64, 32]]
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              image_size=32, patch_size=8, projection_dim=32)
+    cfg = LlavaNextConfig(vision_config=vision, text_config=_tiny_llama(len(tok)),
+                          image_token_index=tok.convert_tokens_to_ids("<image>"), image_grid_pinpoints=pins,
+                          vision_feature_select_strategy="default", vision_feature_layer=-1, pad_token_id=0)
+    model = LlavaNextForConditionalGeneration(cfg).eval()
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 3
+    improc = LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                     image_grid_pinpoints=pins, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    proc = LlavaNextProcessor(image_processor=improc, tokenizer=tok, patch_size=8,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=tok.chat_template)
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return _entry("tiny_llava_next", source="transformers", architecture="tiny LLaVA-NeXT (random)",
+                  interfaces=["mllm"], hf_config={"model_type": "llava_next"},
+                  hf_full_class="LlavaNextForConditionalGeneration")
+
+
+def build_tiny_gemma3(folder: str | Path, seed: int = 0) -> dict:
+    """A 2+2-layer Gemma 3 (SigLIP vision tower, 32-px images pooled to 4 soft tokens) saved with its processor:
+    the architecture of FOCUS's Gemma-3 / MedGemma models. Its tokenizer carries Gemma's named image tokens."""
+    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor,
+                              Gemma3Processor)
+    folder = Path(folder)
+    named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tok = tiny_tokenizer("<start_of_image>", named=named)
+    torch.manual_seed(seed)
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, sliding_window=16, max_position_embeddings=512, pad_token_id=0,
+                bos_token_id=2, eos_token_id=3)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                  patch_size=8)
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                       image_token_index=tok.convert_tokens_to_ids(named["image_token"]),
+                       boi_token_index=tok.convert_tokens_to_ids(named["boi_token"]),
+                       eoi_token_index=tok.convert_tokens_to_ids(named["eoi_token"]), pad_token_id=0)
+    model = Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # Gemma 3 initialises its image projection to zero: images would not matter at all
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.2)
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 3
+    improc = Gemma3ImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                                  do_pan_and_scan=False)
+    proc = Gemma3Processor(image_processor=improc, tokenizer=tok, chat_template=tok.chat_template, image_seq_length=4)
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return _entry("tiny_gemma3", source="transformers", architecture="tiny Gemma 3 (random)", interfaces=["mllm"],
+                  hf_config={"model_type": "gemma3"}, hf_full_class="Gemma3ForConditionalGeneration")
+
+
 # --- dual encoders -------------------------------------------------------------------------------------------------
 TINY_OPEN_CLIP = "rb-tiny-clip"
 _OPEN_CLIP_CFG = {"embed_dim": 16, "quick_gelu": True,
@@ -224,6 +289,7 @@ def build_tiny_hf_clip(folder: str | Path, seed: int = 0) -> dict:
 
 
 BUILDERS = {"tiny_llava": build_tiny_llava, "tiny_qwen2_vl": build_tiny_qwen2_vl,
+            "tiny_llava_next": build_tiny_llava_next, "tiny_gemma3": build_tiny_gemma3,
             "tiny_open_clip": build_tiny_open_clip, "tiny_siglip": build_tiny_siglip,
             "tiny_hf_clip": build_tiny_hf_clip}
 
