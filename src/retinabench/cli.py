@@ -1,5 +1,6 @@
-"""Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets [--check]``, ``targets``,
-``lock-encoders``, ``check-encoder``. The pipeline itself runs through Snakemake (see README)."""
+"""Command line: ``retinabench provenance FILE``, ``verify DATASET``, ``encoders``, ``tasks``,
+``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``.
+The pipeline itself runs through Snakemake (see README)."""
 from __future__ import annotations
 
 import argparse
@@ -124,6 +125,35 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Re-hash a dataset's raw files against its manifest; name every changed, missing or added file."""
+    from retinabench.data.raw_state import compare_to_snapshot
+    from retinabench.schemas import read_table
+    from retinabench.workflow_plan import plan
+    p = plan(_load_config(args.configfile))
+    entry = p.registries.dataset(args.dataset)
+    data_dir = Path(p.results) / "data" / args.dataset
+    manifest = read_table(data_dir / "manifest.parquet", "manifest")
+    snap_path = data_dir / "raw_files.parquet"
+    snapshot = read_table(snap_path, "raw_files") if snap_path.is_file() and not entry.get("generated") else None
+    root = p.dataset_root(args.dataset)
+    diff = compare_to_snapshot(root, manifest, snapshot, full=True, threads=args.threads)
+    checked = len(set(manifest["path"]) | (set() if snapshot is None else
+                                          set(snapshot.loc[snapshot["sha256"].notna(), "path"])))
+    if diff.empty:
+        print(f"{args.dataset}: {len(manifest)} images under {root} match the manifest "
+              f"({data_dir / 'manifest.parquet'})")
+        return 0
+    for r in diff.itertuples():
+        detail = f"sha256 {r.expected[:12]} -> {r.actual[:12]}" if r.status == "changed" else ""
+        image = f" (image {r.image_id})" if isinstance(r.image_id, str) else ""
+        print(f"{r.status:8} {r.path}{image} {detail}".rstrip())
+    counts = diff["status"].value_counts().to_dict()
+    print(f"{args.dataset}: {len(diff)} raw file(s) differ from the manifest's record {counts} ({checked} hashed); "
+          f"`snakemake` reruns its manifest and everything downstream")
+    return 1
+
+
 def cmd_lock_encoders(args) -> int:
     """Resolve and hash every file the named (default: all) hub / url / manual entries load; write the lock."""
     from retinabench.models.lock import LockError, lock_entry, lock_name, needs_lock, read_lock, write_lock
@@ -161,6 +191,35 @@ def cmd_check_encoder(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_evaluate(args) -> int:
+    """The benchmark's metrics table for any file in the predictions schema (e.g. a model run outside the
+    pipeline): hard-decision metrics from its y_pred as written, probability metrics from its p_<class> columns."""
+    from retinabench.metrics.classification import metrics_table
+    from retinabench.provenance import write_sidecar
+    from retinabench.registry import load_registry
+    from retinabench.schemas import read_table, write_table
+    preds = read_table(args.predictions, "predictions")
+    if args.tasks:
+        tasks, where = load_registry(args.tasks, "tasks"), args.tasks
+    else:
+        tasks, where = _registries(args).tasks, "the config's task registry"
+    unknown = sorted(set(preds["task"]) - set(tasks))
+    if unknown:
+        raise KeyError(f"{args.predictions}: task(s) {unknown} have no entry in {where}; add them to a task registry "
+                       "file (classes in the order of the p_<class> columns, ordinal) and pass it with --tasks FILE")
+    metrics = metrics_table(preds, tasks)
+    write_table(metrics, args.output, "metrics")
+    write_sidecar(args.output, rule="retinabench evaluate", inputs=[args.predictions],
+                  config={"tasks": {t: tasks[t] for t in sorted(set(preds["task"]))}},
+                  extra={"command": "retinabench evaluate", "n_rows": int(len(preds))})
+    summary = (metrics.groupby(["task", "encoder", "protocol", "regime", "split", "metric"], sort=True)["value"]
+               .agg(["mean", "std", "count"]).reset_index().rename(columns={"count": "n_seeds"}))
+    rows = [{k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()} for r in summary.to_dict("records")]
+    print(_table(rows, list(summary.columns)))
+    print(f"wrote {args.output} ({len(metrics)} rows)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="retinabench", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -187,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encoder")
     p.add_argument("--task")
     p.set_defaults(fn=cmd_targets)
+    p = sub.add_parser("verify", help="re-hash a dataset's raw files against its manifest; exit 1 on a change")
+    p.add_argument("dataset")
+    p.add_argument("--configfile", action="append")
+    p.add_argument("--threads", type=int, default=4)
+    p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("lock-encoders", help="pin revision + sha256 of every file the encoders load "
                                               "(needs network once); writes <encoders registry>.lock.yaml")
     p.add_argument("names", nargs="*", help="encoders to lock (default: every entry that needs a lock)")
@@ -199,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
                                      "instead of the pinned source")
     p.add_argument("--configfile", action="append")
     p.set_defaults(fn=cmd_check_encoder)
+    p = sub.add_parser("evaluate", help="metrics table (metrics.parquet format) of a file in the predictions schema")
+    p.add_argument("predictions", help="Parquet file in the predictions schema (y_true, y_pred, p_<class>...)")
+    p.add_argument("-o", "--output", required=True, help="metrics Parquet file to write")
+    p.add_argument("--tasks", help="task registry YAML with the predictions' tasks (default: the config's)")
+    p.add_argument("--configfile", action="append")
+    p.set_defaults(fn=cmd_evaluate)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

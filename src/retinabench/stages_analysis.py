@@ -3,7 +3,14 @@
 The analysis is organised in *families*, one Snakemake job each (never one per task): ``ranks``, ``rank_figures``,
 ``tables``, ``cd`` (Friedman / Nemenyi / critical-difference diagrams), ``protocol_heatmap``, ``agreement``
 (Spearman), ``distance`` (signed rank distances + Kruskal–Wallis), ``subsets``, ``leakage``, ``top_k``, ``ft_lp``,
-``fairness`` and ``sensitivity``. :func:`analysis_outputs` decides, from the configuration alone, which families
+``fairness``, ``sensitivity`` and ``lr_transfer``.
+
+Each analysis runs on the protocol the paper used. The *analysis protocol* of the main rank figure, the CD
+diagrams, the subset / leakage / top-k / fairness analyses is full fine-tuning (``analysis.finetune_protocol``)
+when the config ranks it (it covers every encoder, task and regime), otherwise ``analysis.fallback_protocol``;
+titles and tables name it and, for a fallback, why (:func:`choose_headline`). The FT − LP gap compares fine-tuning
+with the paper's linear probe ``linear_aug`` (frozen encoder, same trainer, augmentations, swept lr). The fairness
+family reads the reliability layer's subgroup table (``reliability/subgroup_metrics.parquet``) by default. :func:`analysis_outputs` decides, from the configuration alone, which families
 this config can produce and their output paths; the Snakemake rules, the benchmark and the tests all use it.
 Each family is a plain function ``family_x(inputs, ctx, out)`` (DataFrames in, files out) wrapped by a stage
 ``stage_x(job)`` that reads the job's inputs and writes a provenance sidecar for every output.
@@ -24,17 +31,23 @@ ANALYSIS_DEFAULTS: dict[str, Any] = {
     "alpha": 0.05,
     "split": "test",
     "alternative_metrics": ["balanced_accuracy", "auroc"],
-    "protocol": "linear",
+    "protocol": None,
+    "fallback_protocol": "linear",
     "subsets": {"modality": ["cfp", "oct"], "family": ["dr_staging", "glaucoma"]},
     "top_k": 8,
     "finetune_protocol": "finetune",
-    "linear_protocol": "linear",
+    "linear_protocol": "linear_aug",
     "subgroup_metrics": None,
     "subgroup_pairs": {"age": ["<60", ">=60"], "sex": ["female", "male"]},
     "lr_sweep_metrics": None,
     "lr_reference": None,
 }
-ENCODER_FIELDS = ("domain", "method", "exposure", "params_m")
+ENCODER_FIELDS = ("domain", "method", "exposure", "params_m", "size_class")
+# The reliability layer's per-group metrics in the analysis format (workflow/rules/reliability.smk, rule
+# reliability_collect): the fairness family's input unless analysis.subgroup_metrics names another table.
+RELIABILITY_SUBGROUPS = "reliability/subgroup_metrics.parquet"
+SWEEP_GRID = "sweep/lr_sweep_metrics.parquet"          # the sweep's per-lr metrics (finetune.smk, sweep_collect)
+SWEEP_SENSITIVITY = "sweep/lr_sensitivity.parquet"
 TASK_FIELDS = ("dataset", "modality", "family")
 DATASET_FIELDS = ("web_exposure_risk",)
 UNBALANCED, BALANCED = "u-u", "b-b"
@@ -56,7 +69,7 @@ def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:
             if f in ("exposure",):
                 out[f] = []
                 continue
-            if f in ("params_m", "family"):
+            if f in ("params_m", "family", "size_class"):
                 out[f] = None
                 continue
             raise KeyError(f"{what}: registry entry lacks {f!r} (needed by the analysis)")
@@ -75,6 +88,10 @@ class AnalysisContext:
     ft_regimes: list[str] = field(default_factory=list)
     lr_source: str | None = None                            # sweep table the sensitivity family reads
     lr_encoders: int | None = None                          # encoders the sweep covers (None: all)
+    lr_grid: str | None = None                              # the sweep's per-lr metrics (the transfer figure)
+    sweep_tasks: dict = field(default_factory=dict)         # {"sweep": task, "check": sensitivity task or None}
+    subgroup_source: str | None = None                      # subgroup table of the fairness family
+    headline: dict = field(default_factory=dict)            # analysis protocol: protocol, role, note
     regimes: list[str] = field(default_factory=list)
     ranking: dict = field(default_factory=dict)        # metric, regime
     settings: dict = field(default_factory=lambda: copy.deepcopy(ANALYSIS_DEFAULTS))
@@ -89,32 +106,36 @@ class AnalysisContext:
         # (ranks are comparable across protocols only over the same encoders); the FT-LP gap needs no more than
         # the encoders and tasks both protocols ran.
         ft = config.get("finetune") or {}
-        ft_protocols = list(ft.get("protocols") or []) if ft.get("enabled") else []
+        ft_protocols = list(ft.get("protocols") or ["finetune", "linear_aug"]) if ft.get("enabled") else []
         ft_regimes = list(ft.get("regimes") or config["regimes"])
 
         def covers(subset, full):
             return subset is None or set(full) <= set(subset)
 
-        if ft_protocols and covers(ft.get("encoders"), encoders) and covers(ft.get("tasks"), tasks) \
-                and covers(ft.get("regimes"), config["regimes"]):
+        gaps = [f"{len(ft.get(k) or [])} of {len(full)} {k}" for k, full in
+                (("encoders", encoders), ("tasks", tasks), ("regimes", config["regimes"]))
+                if not covers(ft.get(k), full)]
+        if ft_protocols and not gaps:
             protocols += [p for p in ft_protocols if p not in protocols]
         # The learning-rate sweep's per-encoder sensitivity table (finetune.smk, rule sweep_collect), unless the
-        # analysis names another table.
-        sweep = config.get("sweep") or {}
-        lr_source, lr_encoders = settings["lr_sweep_metrics"], None
-        if lr_source is None and ft_protocols and sweep.get("enabled", True) \
-                and config["ranking"]["regime"] in (sweep.get("regimes") or ["u-u"]):
-            lr_source, lr_encoders = "sweep/lr_sensitivity.parquet", len(ft.get("encoders") or encoders)
-        focus = settings["protocol"]
-        if focus is not None and focus not in protocols:
-            raise ValueError(f"analysis.protocol {focus!r} is not among the configured protocols {protocols}; "
-                             "set analysis.protocol to one of them (or null for the first)")
+        # analysis names another table; the sweep task and the transfer-check task (protocols.sweep.sweep_tasks).
+        from retinabench.protocols.sweep import sweep_settings, sweep_tasks
+        sweep = sweep_settings(config)
+        lr_source, lr_encoders, lr_grid, swept = settings["lr_sweep_metrics"], None, None, {}
+        if lr_source is None and ft_protocols and sweep["enabled"] and config["ranking"]["regime"] in sweep["regimes"]:
+            lr_source, lr_encoders = SWEEP_SENSITIVITY, len(ft.get("encoders") or encoders)
+            task, check = sweep_tasks(sweep, list(ft.get("tasks") or tasks))
+            swept = {"sweep": task, "check": check}
+            if check is not None:
+                lr_grid = SWEEP_GRID
+        headline = choose_headline(protocols, settings, ft_protocols=ft_protocols, coverage=gaps)
         return cls(
             encoders={e: _pick(registries.encoder(e), ENCODER_FIELDS, f"encoder {e!r}") for e in encoders},
             tasks={t: _pick(registries.task(t), TASK_FIELDS, f"task {t!r}") for t in tasks},
             datasets={d: _pick(registries.dataset(d), DATASET_FIELDS, f"dataset {d!r}") for d in datasets},
             protocols=protocols, ft_protocols=ft_protocols, ft_regimes=ft_regimes, lr_source=lr_source,
-            lr_encoders=lr_encoders,
+            lr_encoders=lr_encoders, lr_grid=lr_grid, sweep_tasks=swept,
+            subgroup_source=settings["subgroup_metrics"] or RELIABILITY_SUBGROUPS, headline=headline,
             regimes=list(config["regimes"]), ranking=dict(config["ranking"]), settings=settings)
 
     # --- derived settings ---
@@ -140,8 +161,23 @@ class AnalysisContext:
         return list(dict.fromkeys([self.metric, *self.settings["alternative_metrics"]]))
 
     @property
+    def analysis_protocol(self) -> dict:
+        """protocol, role (headline | fallback | configured) and note of the analyses on one protocol."""
+        return self.headline or choose_headline(self.protocols, self.settings, ft_protocols=self.ft_protocols)
+
+    @property
     def focus_protocol(self) -> str:
-        return self.settings["protocol"] or self.protocols[0]
+        return self.analysis_protocol["protocol"]
+
+    @property
+    def protocol_label(self) -> str:
+        """The analysis protocol as titles name it: ``finetune``, or ``linear (fallback: ...)``."""
+        h = self.analysis_protocol
+        return h["protocol"] if h["role"] != "fallback" else f"{h['protocol']} ({h['note']})"
+
+    @property
+    def subgroups_path(self) -> str | None:
+        return self.subgroup_source or self.settings.get("subgroup_metrics")
 
     # --- per-family parameters (only what each family reads, so a change reruns only its dependants) ---
     def params_for(self, family: str) -> dict:
@@ -154,7 +190,7 @@ class AnalysisContext:
         if spec.datasets:
             out["datasets"] = copy.deepcopy(self.datasets)
         for key in spec.context:
-            out[key] = copy.deepcopy(getattr(self, key))
+            out[key] = copy.deepcopy(self.analysis_protocol if key == "headline" else getattr(self, key))
         out["settings"] = {k: copy.deepcopy(self.settings[k]) for k in spec.settings}
         return _canonical(out)
 
@@ -162,12 +198,36 @@ class AnalysisContext:
     def from_params(cls, params: dict) -> "AnalysisContext":
         ctx = cls()
         for key in ("encoders", "tasks", "datasets", "protocols", "ft_protocols", "ft_regimes", "regimes",
-                    "ranking"):
+                    "ranking", "headline", "sweep_tasks"):
             if key in params:
                 setattr(ctx, key, copy.deepcopy(dict(params[key]) if isinstance(params[key], dict)
                                                 else list(params[key])))
         ctx.settings = Settings(copy.deepcopy(dict(params.get("settings", {}))))
         return ctx
+
+
+def choose_headline(protocols: list[str], settings: dict, *, ft_protocols: list[str] = (),
+                    coverage: list[str] = ()) -> dict:
+    """The protocol of the single-protocol analyses: ``analysis.protocol`` when set (role ``configured``); else
+    full fine-tuning (``analysis.finetune_protocol``) when it is ranked (role ``headline``, OcularBench's headline
+    protocol); else ``analysis.fallback_protocol`` (role ``fallback``, the note says why)."""
+    given, ft = settings["protocol"], settings["finetune_protocol"]
+    if given is not None:
+        if given not in protocols:
+            raise ValueError(f"analysis.protocol {given!r} is not among the ranked protocols {protocols}; set it to "
+                             "one of them (or null: fine-tuning when run, else analysis.fallback_protocol)")
+        return {"protocol": given, "role": "configured", "note": "analysis.protocol"}
+    if ft in protocols:
+        return {"protocol": ft, "role": "headline", "note": "full fine-tuning, the paper's headline protocol"}
+    fallback = settings["fallback_protocol"]
+    if fallback not in protocols:
+        raise ValueError(f"analysis.fallback_protocol {fallback!r} is not among the ranked protocols {protocols} "
+                         f"(and {ft!r} is not ranked); set analysis.fallback_protocol or analysis.protocol")
+    if ft not in ft_protocols:
+        why = f"fallback: {ft} not run"
+    else:
+        why = f"fallback: {ft} covers only {', '.join(coverage)}" if coverage else f"fallback: {ft} not ranked"
+    return {"protocol": fallback, "role": "fallback", "note": why}
 
 
 class Settings(dict):
@@ -190,7 +250,7 @@ def _canonical(value):
 
 @dataclass
 class Family:
-    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep
+    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep | lr_grid
     encoder_fields: tuple[str, ...] = ()
     task_fields: tuple[str, ...] = ()
     datasets: bool = False
@@ -200,27 +260,27 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "ranks": Family(("metrics",), context=("ranking",), settings=("alternative_metrics", "split")),
-    "rank_figures": Family(("ranks",), ("domain",), context=("ranking", "protocols"),
+    "rank_figures": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
                            settings=("alternative_metrics",)),
     "tables": Family(("metrics", "ranks"), context=("ranking",), settings=("alternative_metrics", "split")),
-    "cd": Family(("ranks",), ("domain",), context=("ranking", "protocols"),
+    "cd": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
                  settings=("alternative_metrics", "alpha")),
     "protocol_heatmap": Family(("ranks",), ("domain",), context=("ranking", "protocols", "regimes")),
     "agreement": Family(("ranks",), context=("ranking", "protocols", "regimes"), settings=("alpha",)),
     "distance": Family(("ranks",), ("domain", "method"), ("modality", "family"),
-                       context=("ranking", "protocols"), settings=("alpha", "protocol", "subsets")),
-    "subsets": Family(("ranks",), ("domain",), ("modality", "family"), context=("ranking", "protocols"),
-                      settings=("protocol", "subsets")),
-    "leakage": Family(("ranks",), ("domain", "exposure"), ("dataset",), True, ("ranking", "protocols"),
-                      ("protocol",)),
-    "top_k": Family(("ranks",), ("domain", "exposure"), ("dataset", "modality"), True, ("ranking", "protocols"),
-                    ("protocol", "top_k", "subsets")),
+                       context=("ranking", "protocols", "headline"), settings=("alpha", "subsets")),
+    "subsets": Family(("ranks",), ("domain",), ("modality", "family"), context=("ranking", "protocols", "headline"),
+                      settings=("subsets",)),
+    "leakage": Family(("ranks",), ("domain", "exposure"), ("dataset",), True, ("ranking", "protocols", "headline")),
+    "top_k": Family(("ranks",), ("domain", "exposure"), ("dataset", "modality"), True,
+                    ("ranking", "protocols", "headline"), ("top_k", "subsets")),
     "ft_lp": Family(("metrics",), ("domain", "params_m"), context=("ranking", "ft_protocols"),
                     settings=("split", "finetune_protocol", "linear_protocol")),
-    "fairness": Family(("subgroups",), ("domain",), context=("ranking", "protocols"),
-                       settings=("protocol", "split", "subgroup_pairs")),
-    "sensitivity": Family(("lr_sweep", "ranks"), ("domain", "method"), context=("ranking", "protocols"),
-                          settings=("alpha", "lr_reference")),
+    "fairness": Family(("subgroups",), ("domain",), context=("ranking", "protocols", "headline"),
+                       settings=("split", "subgroup_pairs")),
+    "sensitivity": Family(("lr_sweep", "ranks"), ("domain", "method", "size_class"),
+                          context=("ranking", "protocols", "sweep_tasks"), settings=("alpha", "lr_reference")),
+    "lr_transfer": Family(("lr_grid", "lr_sweep"), ("domain", "size_class"), context=("ranking", "sweep_tasks")),
 }
 
 
@@ -303,7 +363,7 @@ def analysis_outputs(ctx: AnalysisContext, results: str) -> dict[str, dict[str, 
         ft = {"table": f"{A}/ft_lp_gap.csv"}
         _figure(ft, "png", f"{F}/ft_lp_gap")
         out["ft_lp"] = ft
-    if s["subgroup_metrics"]:
+    if ctx.subgroups_path:
         fair = {"table": f"{A}/subgroup_accuracy.csv"}
         _figure(fair, "png", f"{F}/subgroup_accuracy")
         out["fairness"] = fair
@@ -314,16 +374,22 @@ def analysis_outputs(ctx: AnalysisContext, results: str) -> dict[str, dict[str, 
             lr["distance"] = f"{A}/lr_signed_rank_distance.csv"
             _figure(lr, "png_srd", f"{F}/srd_lr")
         out["sensitivity"] = lr
+    if ctx.lr_source and ctx.lr_grid:
+        tr = {"table": f"{A}/lr_transfer.csv"}
+        _figure(tr, "png", f"{F}/lr_transfer")
+        out["lr_transfer"] = tr
     return out
 
 
 def family_inputs(family: str, results: str, ctx: "AnalysisContext") -> dict[str, str]:
     """Input paths of a family's job."""
     paths = {"metrics": f"{results}/metrics.parquet", "ranks": f"{results}/analysis/ranks.parquet"}
-    if ctx.settings.get("subgroup_metrics"):
-        paths["subgroups"] = str(Path(results) / ctx.settings["subgroup_metrics"])
+    if ctx.subgroups_path:
+        paths["subgroups"] = str(Path(results) / ctx.subgroups_path)
     if ctx.lr_source:
         paths["lr_sweep"] = str(Path(results) / ctx.lr_source)
+    if ctx.lr_grid:
+        paths["lr_grid"] = str(Path(results) / ctx.lr_grid)
     return {k: paths[k] for k in FAMILIES[family].inputs}
 
 
@@ -357,6 +423,15 @@ def _metric_title(ctx: AnalysisContext, metric: str) -> str:
     return f"test {metric.replace('_', ' ')}"
 
 
+def _role(ctx: AnalysisContext, protocol: str) -> str:
+    """How a table names a protocol's part: the analysis protocol's role (headline / fallback: why / configured),
+    or ``other``."""
+    h = ctx.analysis_protocol
+    if protocol != h["protocol"]:
+        return "other"
+    return h["note"] if h["role"] == "fallback" else h["role"]
+
+
 def family_ranks(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.ranks import rank_summaries, rank_tables
     ranks = rank_tables(inputs["metrics"], ctx.metrics, split=ctx.split)
@@ -372,8 +447,9 @@ def family_rank_figures(inputs: dict, ctx: AnalysisContext, out: dict) -> list[s
     for m in ctx.metrics:
         key = "png" if m == ctx.metric else f"png_{m}"
         paths += rank_distribution_figure(inputs["ranks"], ctx.encoders, out[key], regime=ctx.regime, metric=m,
-                                          protocols=ctx.protocols,
-                                          title=f"Encoder ranks by {_metric_title(ctx, m)} (regime {ctx.regime})")
+                                          protocols=[ctx.focus_protocol],
+                                          title=f"Encoder ranks by {_metric_title(ctx, m)}, {ctx.protocol_label} "
+                                                f"(regime {ctx.regime})")
     return paths
 
 
@@ -395,18 +471,23 @@ def family_cd(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.ranks import higher_is_better, score_matrix
     ranks = inputs["ranks"]
     rows, pairs, paths = [], [], []
+    head = ctx.analysis_protocol
     for m in ctx.metrics:
         panels = []
-        for protocol in ctx.protocols:
+        # Tables: every ranked protocol, the analysis protocol marked; the diagram: the analysis protocol.
+        for protocol in [head["protocol"], *[p for p in ctx.protocols if p != head["protocol"]]]:
             scores = score_matrix(ranks, metric=m, protocol=protocol, regime=ctx.regime)
             res = friedman_test(scores, higher_is_better=higher_is_better(m), alpha=ctx.alpha)
             p = nemenyi(scores)
             mean_rank = block_ranks(scores, higher_is_better(m)).mean(axis=0)
-            rows.append({"metric": m, "protocol": protocol, "regime": ctx.regime, **res.as_dict()})
-            pairs.append(nemenyi_long(p, mean_rank, ctx.alpha).assign(metric=m, protocol=protocol,
+            role = _role(ctx, protocol)
+            rows.append({"metric": m, "protocol": protocol, "role": role, "regime": ctx.regime, **res.as_dict()})
+            pairs.append(nemenyi_long(p, mean_rank, ctx.alpha).assign(metric=m, protocol=protocol, role=role,
                                                                        regime=ctx.regime))
+            if protocol != head["protocol"]:
+                continue
             verdict = "differ" if res.p < ctx.alpha else "no evidence of a difference"
-            panels.append(CDPanel(f"{protocol}: Friedman χ² = {res.chi2:.2f}, p = {res.p:.2g} ({verdict}); "
+            panels.append(CDPanel(f"{ctx.protocol_label}: Friedman χ² = {res.chi2:.2f}, p = {res.p:.2g} ({verdict}); "
                                   f"{res.n} tasks, {res.k} encoders", mean_rank, p, res.cd))
         key = "png" if m == ctx.metric else f"png_{m}"
         paths += cd_figure(panels, ctx.encoders, out[key], alpha=ctx.alpha,
@@ -470,18 +551,18 @@ def family_distance(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     subs = subset_comparisons(ctx.tasks, ctx.settings["subsets"], metric=ctx.metric, protocol=ctx.focus_protocol,
                               regime=ctx.regime)
     table = distance_table(ranks, comps + subs, ctx.encoders)
+    table["protocol"] = ["" if f == "protocols" else ctx.focus_protocol for f in table["family"]]
     kw = kruskal_table(table, ctx.alpha)
     paths = [_write_csv(table, out["table"]), _write_csv(kw, out["kruskal"])]
-    order = _order(ranks, ctx)
     if "png_protocols" in out:
         d = table[table["family"] == "protocols"]
-        paths += distance_bars(d, kw, ctx.encoders, out["png_protocols"], order=order,
+        paths += distance_bars(d, kw, ctx.encoders, out["png_protocols"], group_by="domain",
                                title=f"Signed rank distance between protocols ({_metric_title(ctx, ctx.metric)}, "
                                      f"regime {ctx.regime})")
     if "png_subsets" in out:
         d = table[table["family"] != "protocols"]
-        paths += distance_bars(d, kw, ctx.encoders, out["png_subsets"], order=order,
-                               title=f"Signed rank distance, subset vs rest ({ctx.focus_protocol}, "
+        paths += distance_bars(d, kw, ctx.encoders, out["png_subsets"], group_by="domain",
+                               title=f"Signed rank distance, subset vs rest ({ctx.protocol_label}, "
                                      f"{_metric_title(ctx, ctx.metric)}, regime {ctx.regime})")
     return paths
 
@@ -495,7 +576,7 @@ def family_subsets(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     wide = table.pivot(index="encoder", columns="subset", values="mean_rank")[["all", *subsets]]
     wide.columns = [f"{c} ({len(subsets[c]) if c in subsets else len(ctx.tasks)})" for c in wide.columns]
     paths = [_write_csv(table, out["table"])]
-    paths += heatmap_panels({f"{ctx.focus_protocol}, regime {ctx.regime}": wide}, ctx.encoders, out["png"],
+    paths += heatmap_panels({f"{ctx.protocol_label}, regime {ctx.regime}": wide}, ctx.encoders, out["png"],
                             order=_order(ranks, ctx), vmin=1, vmax=max(2, len(ctx.encoders)),
                             value_label="mean rank (1 = best)",
                             title=f"Mean rank by task subset (task count), {_metric_title(ctx, ctx.metric)}")
@@ -513,9 +594,9 @@ def family_leakage(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     table = leakage_rerank(ranks, subsets, metric=ctx.metric, protocol=ctx.focus_protocol, regime=ctx.regime,
                            likelihood=exposure_likelihood(ctx.encoders, ctx.datasets),
                            exposure=exposed_datasets(ctx.encoders, list(ctx.datasets)))
-    paths = [_write_csv(table, out["table"])]
+    paths = [_write_csv(table.assign(protocol_role=_role(ctx, ctx.focus_protocol)), out["table"])]
     paths += leakage_bars(table, ctx.encoders, out["png"], order=_order(ranks, ctx), labels=SUBSET_LABELS,
-                          title=f"Rank change without possibly leaked tasks ({ctx.focus_protocol}, "
+                          title=f"Rank change without possibly leaked tasks ({ctx.protocol_label}, "
                                 f"{_metric_title(ctx, ctx.metric)})")
     return paths
 
@@ -531,11 +612,12 @@ def family_top_k(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.focus_protocol,
                   regime=ctx.regime, modalities=modalities)
     titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}
-    paths = [_write_csv(table.assign(excluded_datasets=",".join(sorted(high))), out["table"])]
+    paths = [_write_csv(table.assign(excluded_datasets=",".join(sorted(high)),
+                                     protocol_role=_role(ctx, ctx.focus_protocol)), out["table"])]
     excluded = ", ".join(sorted(high)) or "none"
     paths += top_k_panels(table, ctx.encoders, out["png"], titles=titles,
                           title=f"Top {k} by mean rank, high-leakage datasets excluded ({excluded}); "
-                                f"{ctx.focus_protocol}, {_metric_title(ctx, ctx.metric)}")
+                                f"{ctx.protocol_label}, {_metric_title(ctx, ctx.metric)}")
     return paths
 
 
@@ -557,10 +639,10 @@ def family_fairness(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.fairness import subgroup_pairs
     table = subgroup_pairs(inputs["subgroups"], ctx.settings["subgroup_pairs"], metric=ctx.metric,
                            protocol=ctx.focus_protocol, regime=ctx.regime, split=ctx.split)
-    return [_write_csv(table, out["table"]),
+    return [_write_csv(table.assign(protocol_role=_role(ctx, ctx.focus_protocol)), out["table"]),
             *subgroup_figure(table, ctx.encoders, out["png"],
-                             title=f"Subgroup {_metric_title(ctx, ctx.metric)} per encoder "
-                                   f"({ctx.focus_protocol}, regime {ctx.regime})")]
+                             title=f"Subgroup {_metric_title(ctx, ctx.metric)} per encoder and dataset "
+                                   f"({ctx.protocol_label}, regime {ctx.regime})")]
 
 
 def family_sensitivity(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
@@ -568,37 +650,57 @@ def family_sensitivity(inputs: dict, ctx: AnalysisContext, out: dict) -> list[st
     from retinabench.stats.distance import distance_rows, kruskal_table, with_groups
     from retinabench.stats.sensitivity import choices_from_sweep, lr_mean_ranks, lr_sensitivity
     s = ctx.settings
+    sweep_task = (ctx.sweep_tasks or {}).get("sweep")
     choices = choices_from_sweep(inputs["lr_sweep"], metric=ctx.metric, regime=ctx.regime,
-                                 reference_lr=s["lr_reference"])
+                                 reference_lr=s["lr_reference"], tasks=[sweep_task] if sweep_task else None)
     sens, frames = [], []
+    meaning = ("positive = better relative rank at the sub-optimal lr than at the optimal one (less lr-sensitive "
+               "than the other encoders)")
     for protocol, c in choices.groupby("protocol", sort=True):
         sens.append(lr_sensitivity(c).assign(protocol=protocol))
         if c["encoder"].nunique() >= 2:
             r_opt, r_sub = lr_mean_ranks(c)
             frames.append(distance_rows(f"optimal vs sub-optimal lr ({protocol})", "lr", "optimal lr",
-                                        "sub-optimal lr", r_opt, r_sub))
+                                        "sub-optimal lr", r_opt, r_sub, meaning))
     sens = pd.concat(sens, ignore_index=True)
+    sens["size_class"] = [ctx.encoders.get(e, {}).get("size_class") for e in sens["encoder"]]
     order = [e for e in _order(inputs["ranks"], ctx) if e in set(sens["encoder"])]
+    where = f"sweep task {sweep_task}" if sweep_task else "every swept task"
     paths = [_write_csv(sens, out["table"])]
     paths += sensitivity_bars(sens, ctx.encoders, out["png"], order=order,
                               xlabel=f"test {ctx.metric} drop: optimal − sub-optimal lr",
-                              title=f"Learning-rate sensitivity (regime {ctx.regime}; mean ± sd over tasks)")
+                              title=f"Learning-rate sensitivity on {where} (regime {ctx.regime})")
     if "png_srd" in out:
         if not frames:
             raise ValueError("learning-rate sensitivity: no protocol of the sweep has two or more encoders to rank")
-        dist = with_groups(pd.concat(frames, ignore_index=True), ctx.encoders)
-        kw = kruskal_table(dist, ctx.alpha)
+        groups = ("size_class", "domain", "method")
+        dist = with_groups(pd.concat(frames, ignore_index=True), ctx.encoders, groups)
+        kw = kruskal_table(dist, ctx.alpha, groups)
         paths.append(_write_csv(dist, out["distance"]))
-        paths += distance_bars(dist, kw, ctx.encoders, out["png_srd"], order=order,
-                               title="Signed rank distance, optimal vs sub-optimal learning rate")
+        paths += distance_bars(dist, kw, ctx.encoders, out["png_srd"], group_by="size_class",
+                               title=f"Signed rank distance, optimal vs sub-optimal learning rate ({where})")
     return paths
+
+
+def family_lr_transfer(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
+    from retinabench.figures.scatter import lr_transfer_figure
+    from retinabench.stats.sensitivity import lr_transfer_table
+    tasks = ctx.sweep_tasks or {}
+    if not tasks.get("sweep") or not tasks.get("check"):
+        raise ValueError(f"learning-rate transfer needs a sweep task and a check task, got {tasks}")
+    table = lr_transfer_table(inputs["lr_grid"], inputs["lr_sweep"], metric=ctx.metric, regime=ctx.regime,
+                              sweep_task=tasks["sweep"], check_task=tasks["check"])
+    return [_write_csv(table, out["table"]),
+            *lr_transfer_figure(table, ctx.encoders, out["png"],
+                                title=f"Transfer of the chosen learning rate: validation {ctx.metric} over the lr "
+                                      f"grid, sweep task {tasks['sweep']} vs {tasks['check']} (regime {ctx.regime})")]
 
 
 FAMILY_FUNCTIONS: dict[str, Callable[[dict, AnalysisContext, dict], list[str]]] = {
     "ranks": family_ranks, "rank_figures": family_rank_figures, "tables": family_tables, "cd": family_cd,
     "protocol_heatmap": family_protocol_heatmap, "agreement": family_agreement, "distance": family_distance,
     "subsets": family_subsets, "leakage": family_leakage, "top_k": family_top_k, "ft_lp": family_ft_lp,
-    "fairness": family_fairness, "sensitivity": family_sensitivity,
+    "fairness": family_fairness, "sensitivity": family_sensitivity, "lr_transfer": family_lr_transfer,
 }
 
 
@@ -618,6 +720,8 @@ def read_input(kind: str, path: str) -> pd.DataFrame:
         df = read_table(path)
         check_sweep(df)
         return df
+    if kind == "lr_grid":
+        return read_table(path, "metrics")
     raise KeyError(f"unknown analysis input kind {kind!r}")
 
 

@@ -27,7 +27,7 @@ from retinabench.schemas import PREDICTIONS
 RELIABILITY_DEFAULTS: dict[str, Any] = {
     "n_bins": 10,
     "threshold_rule": "youden",            # youden | f1: the validation-chosen threshold (binary tasks)
-    "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95},
+    "bootstrap": {"n_boot": 1000, "seed": 0, "level": 0.95, "unit": "patient"},  # unit: patient | image
     "min_group_size": 10,
     "min_quality_group_size": 5,
     "attributes": [
@@ -39,12 +39,18 @@ RELIABILITY_DEFAULTS: dict[str, Any] = {
     "fairness_score_attributes": ["age_median", "sex"],
     "harmonised": {},
     "transfer": {"protocols": ["linear", "logreg"], "seeds": [0], "regimes": ["u-u"]},
-    "paired": {"sources": ["frozen"], "protocols": None, "regime": "u-u",
-               "metrics": ["auroc", "auprc", "accuracy", "f1", "ece"], "pairs": [], "domain": "modality"},
-    "figures": {"source": "frozen", "protocol": None, "regime": "u-u", "seed": 0, "threshold": "argmax",
+    "paired": {"sources": ["frozen", "transfer"], "protocols": None, "regime": "u-u",
+               "metrics": ["auroc", "auprc", "accuracy", "f1", "ece"], "pairs": [], "domain": ["modality", "shift"]},
+    "figures": {"source": "frozen", "protocol": None, "regime": "u-u", "seed": 0, "threshold": "y_pred",
                 "metric": "accuracy"},
 }
 KINDS = ("metrics", "thresholds", "calibration", "bins", "subgroups", "gaps", "coverage")
+# Bootstrap resampling unit: `patient` (default; a patient's images are drawn together, so correlated eyes and repeat
+# images do not shrink the intervals) or `image` (FOCUS's image-level resampling, for reproducing it).
+BOOTSTRAP_UNITS = ("patient", "image")
+# The hard decision a protocol wrote (its `y_pred`: the argmax for every probe and fine-tuning, FOCUS's argmax rule;
+# a parsed answer for an MLLM). Never recomputed from the probabilities.
+AS_WRITTEN = "y_pred"
 UNIT_KEYS = ["source", "train_dataset", "train_task", "encoder", "protocol", "seed", "regime"]
 CELL_KEYS = [*UNIT_KEYS, "dataset", "task"]
 ATTRIBUTE_COLUMNS = ("age", "sex", "quality", "site")
@@ -69,6 +75,10 @@ def reliability_settings(config: dict) -> dict:
         raise ValueError(f"reliability.threshold_rule must be youden or f1, got {out['threshold_rule']!r}")
     if out["bootstrap"]["n_boot"] < 1000:
         raise ValueError(f"reliability.bootstrap.n_boot must be >= 1000, got {out['bootstrap']['n_boot']}")
+    if out["bootstrap"]["unit"] not in BOOTSTRAP_UNITS:
+        raise ValueError(f"reliability.bootstrap.unit must be patient or image, got {out['bootstrap']['unit']!r}")
+    domains = out["paired"]["domain"]
+    out["paired"]["domain"] = [domains] if isinstance(domains, str) else list(domains)
     for h, entry in out["harmonised"].items():
         bad = sorted(set(entry or {}) - {"definition", "not_supported"})
         if bad:
@@ -113,7 +123,32 @@ def prepare_predictions(preds: pd.DataFrame, tasks: dict[str, dict], source: str
     bad = sorted(set(out["split"]) - {"val", "test"})
     if bad:
         raise ValueError(f"predictions ({source}): split values {bad}; expected val and test")
+    answered = "answer" in out.columns  # generated answers: an invalid one is y_pred = -1, kept and counted wrong
+    for t, rows in out.groupby("task"):
+        k = len(tasks[t]["classes"])
+        wrong = sorted(set(rows["y_pred"].dropna().astype(int)) - set(range(k)) - ({-1} if answered else set()))
+        if wrong or rows["y_pred"].isna().any():
+            extra = " (or -1, an invalid answer)" if answered else ""
+            raise ValueError(f"predictions ({source}) for task {t!r}: y_pred must be a class index 0..{k - 1}{extra}, "
+                             f"got {wrong or 'missing values'}")
     return out
+
+
+def resampling_units(rows: pd.DataFrame, unit: str) -> np.ndarray:
+    """Cluster id of each row for the bootstrap: its patient, or the image itself (dataset-qualified)."""
+    if unit == "patient":
+        return rows["patient_id"].astype(str).to_numpy()
+    if unit == "image":
+        return (rows["dataset"].astype(str) + "/" + rows["image_id"].astype(str)).to_numpy()
+    raise ValueError(f"bootstrap unit must be one of {BOOTSTRAP_UNITS}, got {unit!r}")
+
+
+def decisions(rows: pd.DataFrame, proba: np.ndarray, rule: str, threshold: float | None) -> np.ndarray:
+    """Hard predictions under a rule: the protocol's ``y_pred`` as written, or a validation-chosen threshold."""
+    from retinabench.metrics.thresholds import predict
+    if rule == AS_WRITTEN:
+        return rows["y_pred"].to_numpy(dtype=np.int64)
+    return predict(proba, rule, threshold)
 
 
 def attach_manifest(preds: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFrame:
@@ -141,14 +176,14 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
     from retinabench.metrics import calibration as cal
     from retinabench.metrics.coverage import Coverage, label_exclusions
     from retinabench.metrics.fairness import assign_groups, subgroup_analysis
-    from retinabench.metrics.thresholds import THRESHOLD_FREE, choose_threshold, metric_names, point_metrics, predict
+    from retinabench.metrics.thresholds import THRESHOLD_FREE, choose_threshold, metric_names, point_metrics
     from retinabench.stats.bootstrap import cluster_weights, make_rng, percentile_ci, weighted_metrics
 
     preds = attach_manifest(prepare_predictions(preds, tasks, source), manifest)
     attributes = attributes_of(settings)
     n_bins, rule = settings["n_bins"], settings["threshold_rule"]
     boot = settings["bootstrap"]
-    n_boot, level = int(boot["n_boot"]), float(boot["level"])
+    n_boot, level, boot_unit = int(boot["n_boot"]), float(boot["level"]), boot["unit"]
     out: dict[str, list] = {k: [] for k in KINDS}
     cov = Coverage()
     for unit_key, unit in preds.groupby(UNIT_KEYS, sort=True):
@@ -159,13 +194,13 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
         val = unit[unit["split"] == "val"]
         yv, pv = val["y_true"].to_numpy(), val[pcols].to_numpy(dtype=np.float64)
         temperature, t_note = cal.fit_temperature(yv, pv)
-        rules: list[tuple[str, float | None, str]] = [("argmax", None, "")]
+        rules: list[tuple[str, float | None, str]] = [(AS_WRITTEN, None, "")]
         if binary:
             thr, note = choose_threshold(yv, pv[:, 1], rule)
             rules.append((rule, thr, note))
         for name, thr, note in rules:
             vals = point_metrics(("accuracy", "f1", "tpr", "fpr") if binary else ("accuracy", "f1_macro"),
-                                 yv, pv, predict(pv, name, thr)) if len(yv) else {}
+                                 yv, pv, decisions(val, pv, name, thr)) if len(yv) else {}
             out["thresholds"].append({**ukeys, "threshold": name, "value": thr, "n_val": int(len(yv)),
                                       "note": note, **{f"val_{k}": v for k, v in vals.items()}})
         for (dataset, task), test in unit[unit["split"] == "test"].groupby(["dataset", "task"], sort=True):
@@ -176,31 +211,36 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
             covkeys = {k: ckeys[k] for k in ("source", "encoder", "protocol", "dataset", "task", "regime")}
             y, proba = test["y_true"].to_numpy(), test[pcols].to_numpy(dtype=np.float64)
             patients = test["patient_id"].astype(str).to_numpy()
+            clusters = resampling_units(test, boot_unit)
             n, n_pat = len(test), int(pd.unique(patients).size)
             n_pos = int((y == 1).sum()) if binary else None
-            W = cluster_weights(patients, n_boot, make_rng(boot["seed"], "cell", *ckeys.values()))
+            W = cluster_weights(clusters, n_boot, make_rng(boot["seed"], "cell", *ckeys.values()))
             names = metric_names(len(classes))
             for name, thr, _ in rules:
-                pred = predict(proba, name, thr)
+                pred = decisions(test, proba, name, thr)
                 vals = point_metrics(names, y, proba, pred, n_bins=n_bins)
                 reps = weighted_metrics(names, y, proba, pred, W, n_bins=n_bins)
                 for metric in names:
                     free = metric in THRESHOLD_FREE
-                    if free and name != "argmax":
+                    if free and name != AS_WRITTEN:
                         continue  # threshold-free metrics once, under threshold "none"
                     lo, hi, n_valid = percentile_ci(reps[metric], level)
                     out["metrics"].append({**ckeys, "split": "test", "threshold": "none" if free else name,
                                            "metric": metric, "value": vals[metric], "ci_low": lo, "ci_high": hi,
                                            "n": n, "n_patients": n_pat, "n_pos": n_pos, "n_boot": n_boot,
-                                           "n_valid": n_valid})
+                                           "n_valid": n_valid, "bootstrap_unit": boot_unit})
             # calibration: before / after temperature scaling fitted on the unit's validation rows
+            # (`ece`: positive-class, binary only; `ece_top_label`: top-label, every task)
             scaled = cal.apply_temperature(proba, temperature)
+            pos = (lambda pr: cal.binary_ece(y, pr[:, 1], n_bins)) if binary else (lambda pr: np.nan)
             out["calibration"].append({**ckeys, "temperature": temperature, "n_val": int(len(yv)), "n": n,
-                                       "ece_before": cal.ece(y, proba, n_bins), "ece_after": cal.ece(y, scaled, n_bins),
-                                       "nll_before": cal.nll(y, proba), "nll_after": cal.nll(y, scaled),
-                                       "ece_kind": "positive-class" if binary else "top-label", "note": t_note})
+                                       "ece_before": pos(proba), "ece_after": pos(scaled),
+                                       "ece_top_label_before": cal.top_label_ece(y, proba, n_bins),
+                                       "ece_top_label_after": cal.top_label_ece(y, scaled, n_bins),
+                                       "nll_before": cal.nll(y, proba), "nll_after": cal.nll(y, scaled), "note": t_note})
             for stage, pr in (("before", proba), ("after", scaled)):
-                out["bins"].append(cal.reliability_bins(y, pr, n_bins).assign(**ckeys, calibration=stage))
+                out["bins"].append(cal.reliability_bins(y, pr, n_bins).assign(
+                    **ckeys, calibration=stage, metric="ece" if binary else "ece_top_label"))
             # coverage of the cell
             cov.add(covkeys, "test", "evaluated", n, f"{n_pat} patients")
             split = splits.get(task)
@@ -220,7 +260,8 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
             for scope, why, k in label_exclusions(ex_ds, m_ds, tasks[task]):
                 cov.add(covkeys, scope, "excluded", k, why)
             if not binary:
-                cov.add(covkeys, "threshold", "skipped", None, f"multi-class task: argmax only, no {rule} threshold")
+                cov.add(covkeys, "threshold", "skipped", None,
+                        f"multi-class task: the protocol's y_pred only, no {rule} threshold")
             elif rules[1][2]:
                 cov.add(covkeys, "threshold", "evaluated", int(len(yv)), rules[1][2])
             if t_note:
@@ -235,13 +276,16 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
                     cov.add(covkeys, scope, "excluded", k, why)
                 for name, thr, _ in rules:
                     rng = make_rng(boot["seed"], "subgroup", *ckeys.values(), attr.name)
-                    groups, gaps = subgroup_analysis(y, proba, predict(proba, name, thr), patients, labels, attr,
-                                                     info, n_boot=n_boot, rng=rng, level=level)
+                    groups, gaps = subgroup_analysis(y, proba, decisions(test, proba, name, thr), patients, labels,
+                                                     attr, info, n_boot=n_boot, rng=rng, level=level,
+                                                     clusters=clusters)
                     for g in groups:
-                        out["subgroups"].append({**ckeys, "split": "test", "threshold": name, **g})
+                        out["subgroups"].append({**ckeys, "split": "test", "threshold": name, **g,
+                                                 "bootstrap_unit": boot_unit})
                     for g in gaps:
-                        out["gaps"].append({**ckeys, "split": "test", "threshold": name, **g})
-                    if name == "argmax":
+                        out["gaps"].append({**ckeys, "split": "test", "threshold": name, **g,
+                                            "bootstrap_unit": boot_unit})
+                    if name == AS_WRITTEN:
                         done = [g for g in gaps if not g.get("skipped")]
                         if done:
                             cov.add(covkeys, scope, "evaluated", int(labels.notna().sum()),
@@ -258,21 +302,22 @@ def table_columns(kind: str) -> list[str]:
     from retinabench.metrics.fairness import GAP_FIELDS, GROUP_FIELDS
     cell = [*CELL_KEYS, "split", "threshold"]
     return {
-        "metrics": [*cell, "metric", "value", "ci_low", "ci_high", "n", "n_patients", "n_pos", "n_boot", "n_valid"],
+        "metrics": [*cell, "metric", "value", "ci_low", "ci_high", "n", "n_patients", "n_pos", "n_boot", "n_valid",
+                    "bootstrap_unit"],
         "thresholds": [*UNIT_KEYS, "threshold", "value", "n_val", "note", "val_accuracy", "val_f1", "val_tpr",
                        "val_fpr", "val_f1_macro"],
-        "calibration": [*CELL_KEYS, "temperature", "n_val", "n", "ece_before", "ece_after", "nll_before",
-                        "nll_after", "ece_kind", "note"],
-        "bins": [*CELL_KEYS, "calibration", "bin", "lower", "upper", "n", "mean_prob", "observed"],
-        "subgroups": [*cell, *GROUP_FIELDS],
-        "gaps": [*cell, *GAP_FIELDS],
+        "calibration": [*CELL_KEYS, "temperature", "n_val", "n", "ece_before", "ece_after", "ece_top_label_before",
+                        "ece_top_label_after", "nll_before", "nll_after", "note"],
+        "bins": [*CELL_KEYS, "calibration", "metric", "bin", "lower", "upper", "n", "mean_prob", "observed"],
+        "subgroups": [*cell, *GROUP_FIELDS, "bootstrap_unit"],
+        "gaps": [*cell, *GAP_FIELDS, "bootstrap_unit"],
     }[kind]
 
 
 _BOOL = {"flagged", "skipped", "below_min_size"}
 _INT = {"seed", "n", "n_pos", "n_a", "n_b", "n_valid", "n_boot", "n_patients", "n_val", "bin"}
 _STR = {*UNIT_KEYS, "dataset", "task", "split", "threshold", "metric", "attribute", "kind", "group", "group_a",
-        "group_b", "reason", "note", "ece_kind", "calibration"} - {"seed"}
+        "group_b", "reason", "note", "calibration", "bootstrap_unit"} - {"seed"}
 
 
 def _frame(kind: str, rows: list) -> pd.DataFrame:
@@ -322,12 +367,12 @@ def harmonised_coverage(settings: dict, datasets: list[str], tasks: dict[str, di
 
 def analysis_subgroup_metrics(subgroups: pd.DataFrame) -> pd.DataFrame:
     """Per-group metrics in the analysis layer's format (METRICS columns + attribute + group): models evaluated
-    on their own task (no transfer), argmax decisions. Groups below the minimum size keep their value and are
+    on their own task (no transfer), the protocols' own decisions (``y_pred`` as written). Groups below the minimum size keep their value and are
     marked ``below_min_size`` (their gaps are skipped in gaps.parquet), so a consumer can filter them."""
     from retinabench.schemas import METRICS
     if subgroups.empty:
         return pd.DataFrame(columns=[*METRICS.names, "attribute", "group", "n_patients", "below_min_size", "source"])
-    s = subgroups[(subgroups["train_task"] == subgroups["task"]) & (subgroups["threshold"] == "argmax")
+    s = subgroups[(subgroups["train_task"] == subgroups["task"]) & (subgroups["threshold"] == AS_WRITTEN)
                   & (subgroups["source"] != "transfer")]
     s = s.assign(n=s["n"].astype("int64"))
     return s[[*METRICS.names, "attribute", "group", "n_patients", "below_min_size", "source"]].reset_index(drop=True)
@@ -424,36 +469,50 @@ def _model_rows(preds: pd.DataFrame, model: dict) -> pd.DataFrame:
     return preds[m]
 
 
+SHIFT_FIELD = "shift"   # paired.domain value grouping comparisons by in-domain vs out-of-domain (FOCUS Table 5)
+
+
 def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[str, dict], settings: dict,
                        encoder_order: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(comparison-level, domain-level) paired bootstrap comparisons; delta = model b − model a.
 
-    Per task: test rows of both models are aligned by image id (intersection over both models' seeds); each
-    model's metric is the mean over its seeds; patients of the aligned rows are resampled with replacement
-    (the same draws for both models); CI = percentile interval of the delta replicates; two-sided bootstrap
-    p-value; Benjamini–Hochberg within each metric family. Domain level (tasks grouped by the task field
-    ``paired.domain`` and 'all'): mean of the comparison deltas, two-stage bootstrap (comparisons resampled,
-    each with its own replicate), BH within each metric family.
+    Per (training task, test task): test rows of both models are aligned by image id (intersection over both
+    models' seeds); ``setting`` is ``in-domain`` when the training dataset is the test dataset, else
+    ``out-of-domain`` (transfer probes on another dataset; the transfer source's own in-domain rows repeat the frozen
+    probes and are not compared twice). Each model's metric is the mean over its seeds; hard-decision metrics use
+    each model's ``y_pred`` as written; the resampling units (patients, or images: ``bootstrap.unit``) of the aligned
+    rows are drawn with replacement (the same draws for both models); CI = percentile interval of the delta
+    replicates; two-sided bootstrap p-value; Benjamini–Hochberg within each metric family. Domain level, for each
+    field of ``paired.domain`` (a task registry field such as ``modality``, or ``shift``: in-domain vs
+    out-of-domain) and ``all``: mean of the comparison deltas, two-stage bootstrap (comparisons resampled, each with
+    its own replicate), BH within each (metric family, domain field).
     """
     from retinabench.metrics.thresholds import point_metrics
     from retinabench.stats.bootstrap import (benjamini_hochberg, bootstrap_p_value, cluster_weights,
                                              hierarchical_mean_replicates, make_rng, percentile_ci,
                                              weighted_metrics)
     p, boot = settings["paired"], settings["bootstrap"]
-    n_boot, level, n_bins = int(boot["n_boot"]), float(boot["level"]), settings["n_bins"]
-    preds = preds[(preds["split"] == "test") & (preds["regime"] == p["regime"])
-                  & (preds["train_task"] == preds["task"])]
+    n_boot, level, n_bins, boot_unit = int(boot["n_boot"]), float(boot["level"]), settings["n_bins"], boot["unit"]
+    fields = [p["domain"]] if isinstance(p["domain"], str) else list(p["domain"])
+    preds = preds[(preds["split"] == "test") & (preds["regime"] == p["regime"])]
+    own = preds["train_task"] == preds["task"]
+    preds = preds[own | (preds["train_dataset"] != preds["dataset"])]
+    preds = preds[~((preds["source"] == "transfer") & (preds["train_dataset"] == preds["dataset"]))]
     pairs = comparison_pairs(preds, settings, encoder_order)
     pid = manifest.set_index(["dataset", "image_id"])["patient_id"]
     rows, reps_of = [], {}
-    for task in sorted(preds["task"].unique()):
+    for (train_task, task), tp in preds.groupby(["train_task", "task"], sort=True):
         classes = list(tasks[task]["classes"])
         pcols = [f"p_{c}" for c in classes]
-        tp = preds[preds["task"] == task]
+        train_dataset = str(tp["train_dataset"].iloc[0])
+        setting = "in-domain" if train_dataset == tasks[task]["dataset"] else "out-of-domain"
         for a, b in pairs:
             ra, rb = _model_rows(tp, a), _model_rows(tp, b)
+            if ra.empty and rb.empty:
+                continue  # neither model has this (training task, test task) cell: not a comparison of this pair
             base = {**{f"{k}_a": a[k] for k in MODEL_KEYS}, **{f"{k}_b": b[k] for k in MODEL_KEYS},
-                    "dataset": tasks[task]["dataset"], "task": task, "regime": p["regime"]}
+                    "train_dataset": train_dataset, "train_task": train_task, "dataset": tasks[task]["dataset"],
+                    "task": task, "setting": setting, "regime": p["regime"], "bootstrap_unit": boot_unit}
             if ra.empty or rb.empty:
                 rows.append({**base, "skipped": True, "reason": f"no {p['regime']} test predictions for model "
                                                                 f"{'a' if ra.empty else 'b'} on this task"})
@@ -477,14 +536,15 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
             if pd.isna(patients).any():
                 raise KeyError(f"paired comparison on {task}: {int(pd.isna(patients).sum())} images are not in "
                                "the manifest")
-            W = cluster_weights(patients.astype(str), n_boot, make_rng(boot["seed"], "paired", task, len(common)))
+            units = patients.astype(str) if boot_unit == "patient" else np.asarray(common, dtype=str)
+            W = cluster_weights(units, n_boot, make_rng(boot["seed"], "paired", train_task, task, len(common)))
             names = [PAIRED_VARIANTS[m][0 if len(classes) == 2 else 1] for m in p["metrics"]]
             values, reps = {}, {}
             for side, seeds in per_seed.items():
                 pv, rv = [], []
                 for g in seeds.values():
                     proba = g.loc[common, pcols].to_numpy(dtype=np.float64)
-                    pred = proba.argmax(1)
+                    pred = g.loc[common, "y_pred"].to_numpy(dtype=np.int64)  # the model's own decisions
                     pv.append(point_metrics(names, y, proba, pred, n_bins=n_bins))
                     rv.append(weighted_metrics(names, y, proba, pred, W, n_bins=n_bins))
                 values[side] = {m: float(np.mean([d[m] for d in pv])) for m in names}
@@ -506,28 +566,37 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     comp["p_bh"] = np.nan
     for fam, idx in comp[~comp["skipped"].astype(bool)].groupby("metric_family").groups.items():
         comp.loc[idx, "p_bh"] = benjamini_hochberg(comp.loc[idx, "p_value"].to_numpy())
-    # domain level
-    drows, dreps = [], []
+    # domain level: per grouping field, each of its values and `all`
+    drows = []
     done = comp[~comp["skipped"].astype(bool)] if "skipped" in comp else comp.iloc[0:0]
-    if len(done):
-        dom_field = p["domain"]
-        done = done.assign(domain=[str(tasks[t].get(dom_field)) for t in done["task"]])
-        mk = [f"{k}_{s}" for s in ("a", "b") for k in MODEL_KEYS]
-        for domain_col in ("domain", None):
-            for key, grp in done.groupby([*mk, "metric_family"] + ([domain_col] if domain_col else []), sort=True):
-                d = dict(zip([*mk, "metric_family"] + ([domain_col] if domain_col else []), key))
+    mk = [f"{k}_{s}" for s in ("a", "b") for k in MODEL_KEYS]
+    for field in fields if len(done) else []:
+        if field == SHIFT_FIELD:
+            grouped = done.assign(domain=done["setting"])
+        else:
+            lacking = sorted({t for t in done["task"] if field not in tasks[t]})
+            if lacking:
+                raise KeyError(f"reliability.paired.domain {field!r}: task registry entries {lacking} lack it "
+                               f"(use a task field such as modality, or {SHIFT_FIELD!r})")
+            grouped = done.assign(domain=[str(tasks[t][field]) for t in done["task"]])
+        for by_domain in (True, False):
+            keys = [*mk, "metric_family"] + (["domain"] if by_domain else [])
+            for key, grp in grouped.groupby(keys, sort=True):
+                d = dict(zip(keys, key))
                 dom = d.pop("domain", "all")
                 r = hierarchical_mean_replicates([reps_of[i] for i in grp.index],
-                                                 make_rng(boot["seed"], "domain", *key), n_boot)
+                                                 make_rng(boot["seed"], "domain", field, *key), n_boot)
                 lo, hi, n_valid = percentile_ci(r, level)
-                drows.append({**d, "domain_field": dom_field, "domain": dom, "delta": float(grp["delta"].mean()),
+                drows.append({**d, "domain_field": field, "domain": dom, "delta": float(grp["delta"].mean()),
                               "ci_low": lo, "ci_high": hi, "p_value": bootstrap_p_value(r),
-                              "n_comparisons": int(len(grp)), "tasks": ",".join(grp["task"]), "n_boot": n_boot,
-                              "n_valid": n_valid})
+                              "n_comparisons": int(len(grp)),
+                              "tasks": ",".join(f"{tt}<-{tr}" if tt != tr else tt
+                                                for tt, tr in zip(grp["task"], grp["train_task"])),
+                              "bootstrap_unit": boot_unit, "n_boot": n_boot, "n_valid": n_valid})
     dom = pd.DataFrame(drows)
     if not dom.empty:
         dom["p_bh"] = np.nan
-        for fam, idx in dom.groupby("metric_family").groups.items():
+        for _, idx in dom.groupby(["metric_family", "domain_field"]).groups.items():
             dom.loc[idx, "p_bh"] = benjamini_hochberg(dom.loc[idx, "p_value"].to_numpy())
     return comp, dom
 
@@ -606,7 +675,8 @@ def stage_reliability_collect(job) -> None:
     from retinabench.metrics.fairness import FORMULAS
     _sidecars(job, [_write(sub, job.output["subgroup_metrics"])], config={"reliability": settings},
               inputs=[job.output["subgroups"]],
-              extra={"note": "analysis-layer format: METRICS columns + attribute + group; own-task models, argmax"})
+              extra={"note": "analysis-layer format: METRICS columns + attribute + group; own-task models, "
+                                     "decisions y_pred as written"})
     _sidecars(job, [_write(scores, job.output["scores"])], config={"reliability": settings},
               inputs=[job.output["gaps"], job.output["metrics"]],
               extra={"formulas": FORMULAS, "fairness_score_attributes": settings["fairness_score_attributes"],

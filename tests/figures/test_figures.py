@@ -9,23 +9,24 @@ from retinabench.schemas import write_table
 from retinabench.stages import Job, run_stage
 from retinabench.stages_analysis import (ANALYSIS_DEFAULTS, AnalysisContext, FAMILIES, analysis_outputs,
                                          family_inputs, run_family)
-from retinabench.stats.synthetic import (synthetic_lr_sweep, synthetic_metrics, synthetic_registries,
-                                         synthetic_subgroups)
+from retinabench.stats.synthetic import synthetic_metrics, synthetic_registries, synthetic_subgroups, synthetic_sweep
 
-PROTOCOLS = ["knn", "linear", "finetune"]
+PROTOCOLS = ["knn", "linear", "linear_aug", "finetune"]
 
 
 @pytest.fixture(scope="module")
 def study():
     encoders, tasks, datasets = synthetic_registries(7, 9, seed=1)  # 3 datasets: high risk, exposed, clean
     metrics = synthetic_metrics(encoders, tasks, protocols=PROTOCOLS, seeds=(0, 1), regimes=("u-u", "b-b"), seed=1)
-    settings = ANALYSIS_DEFAULTS | {"subgroup_metrics": "subgroups.parquet", "lr_sweep_metrics": "lr.parquet",
-                                    "alternative_metrics": ["auroc"]}
+    settings = ANALYSIS_DEFAULTS | {"alternative_metrics": ["auroc"]}
+    grid, sensitivity = synthetic_sweep(encoders, ["task00", "task01"], seed=1)
     ctx = AnalysisContext(encoders=encoders, tasks=tasks, datasets=datasets, protocols=PROTOCOLS,
                           regimes=["u-u", "b-b"], ranking={"metric": "accuracy", "regime": "u-u"},
-                          settings=settings, lr_source="lr.parquet")
-    tables = {"metrics": metrics, "subgroups": synthetic_subgroups(metrics[metrics["protocol"] == "linear"]),
-              "lr_sweep": synthetic_lr_sweep(metrics)}
+                          settings=settings, lr_source="sweep/lr_sensitivity.parquet",
+                          lr_grid="sweep/lr_sweep_metrics.parquet", subgroup_source="reliability/subgroups.parquet",
+                          sweep_tasks={"sweep": "task00", "check": "task01"})
+    tables = {"metrics": metrics, "subgroups": synthetic_subgroups(metrics[metrics["protocol"] == "finetune"]),
+              "lr_sweep": sensitivity, "lr_grid": grid}
     return ctx, tables
 
 
@@ -57,6 +58,14 @@ def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
     friedman = pd.read_csv(outputs["cd"]["friedman"])
     assert set(friedman["metric"]) == {"accuracy", "auroc"}
     assert set(friedman["protocol"]) == set(PROTOCOLS) and (friedman["k"] == 7).all()
+    # fine-tuning is ranked: it is the analysis protocol, named in the tables
+    assert set(friedman.loc[friedman["role"] == "headline", "protocol"]) == {"finetune"}
+    assert set(pd.read_csv(outputs["leakage"]["table"])["protocol"]) == {"finetune"}
+    assert set(pd.read_csv(outputs["top_k"]["table"])["protocol_role"]) == {"headline"}
+    dist = pd.read_csv(outputs["distance"]["table"])
+    assert {"reference", "comparison", "distance", "meaning"} <= set(dist.columns)
+    ft_pairs = dist[(dist["family"] == "protocols") & dist["name"].str.contains("finetune")]
+    assert set(ft_pairs["reference"]) == {"finetune"}
     kw = pd.read_csv(outputs["distance"]["kruskal"])
     assert set(kw["group_by"]) == {"domain", "method"}
     assert kw.loc[kw["group_by"] == "method", "p"].between(0, 1).all()  # 5 methods for 7 encoders
@@ -66,7 +75,13 @@ def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
     assert set(leak["subset"]) == {"no_known_exposure", "low_risk"}
     assert (leak.groupby("subset")["position_change"].sum().abs() < 1e-9).all()  # positions are a permutation
     gap = pd.read_csv(outputs["ft_lp"]["table"])
-    assert len(gap) == 7 and gap["params_m"].gt(0).all()
+    assert len(gap) == 7 and gap["params_m"].gt(0).all() and {"finetune", "linear_aug"} <= set(gap.columns)
+    sens = pd.read_csv(outputs["sensitivity"]["table"])
+    assert set(sens["tasks"]) == {"task00"}  # the sweep task alone
+    srd_lr = pd.read_csv(outputs["sensitivity"]["distance"])
+    assert {"size_class", "reference", "comparison", "meaning"} <= set(srd_lr.columns)
+    transfer = pd.read_csv(outputs["lr_transfer"]["table"])
+    assert set(transfer["task"]) == {"task00", "task01"} and set(transfer["split"]) == {"val"}
 
 
 def test_figures_are_deterministic(study, tmp_path):
@@ -123,3 +138,68 @@ def test_rank_distribution_requires_a_metric_for_multi_metric_tables(study, tmp_
     paths = rank_distribution_figure(ranks, ctx.encoders, tmp_path / "x.png", metric="auroc",
                                      protocols=["linear", "knn"])
     assert [Path(p).suffix for p in paths] == [".png", ".pdf"]
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Figures drawn by the figure modules, kept (not saved) so a test can read their bars, points and titles."""
+    from retinabench.figures import bars, scatter
+    figs = []
+
+    def keep(fig, png):
+        figs.append(fig)
+        return [str(png), str(Path(png).with_suffix(".pdf"))]
+
+    monkeypatch.setattr(bars, "save", keep)
+    monkeypatch.setattr(scatter, "save", keep)
+    return figs
+
+
+def test_distance_figure_draws_group_means_with_encoders_as_points(captured, tmp_path):
+    # OcularBench's signed-distance figures: a bar per pretraining domain at the group mean, each encoder a point,
+    # groups ordered by size, the Kruskal-Wallis p in the title
+    import math
+
+    from retinabench.figures.bars import distance_bars
+    from retinabench.stats.distance import distance_rows, kruskal_table, with_groups
+    domains = {"n1": "natural", "n2": "natural", "n3": "natural", "c1": "cfp", "c2": "cfp", "o1": "oct"}
+    encoders = {e: {"domain": d, "method": "m"} for e, d in domains.items()}
+    r_ref = pd.Series({"n1": 1.0, "n2": 2.0, "n3": 3.0, "c1": 4.0, "c2": 5.0, "o1": 6.0})
+    r_cmp = pd.Series({"n1": 3.0, "n2": 4.0, "n3": 2.0, "c1": 1.0, "c2": 6.0, "o1": 5.0})
+    dist = with_groups(distance_rows("finetune vs linear_aug", "protocols", "finetune", "linear_aug", r_ref, r_cmp,
+                                     "positive = better relative rank under linear_aug than under finetune"),
+                       encoders)
+    kw = kruskal_table(dist)
+    distance_bars(dist, kw, encoders, tmp_path / "srd.png", title="t")
+    ax = captured[-1].axes[0]
+    labels = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
+    assert labels == ["natural", "cfp", "oct"]  # largest group first
+    heights = [p.get_height() for p in ax.patches]
+    d = dist.set_index("encoder")["distance"]
+    assert heights == pytest.approx([d[["n1", "n2", "n3"]].mean(), d[["c1", "c2"]].mean(), d["o1"]])
+    points = sorted(y for c in ax.collections for _, y in c.get_offsets())
+    assert points == pytest.approx(sorted(d.to_numpy()))  # every encoder overlaid
+    assert d["n1"] == pytest.approx(-2 / math.sqrt(2))
+    p = kw.set_index("group_by").loc["domain", "p"]
+    assert f"Kruskal–Wallis across pretraining domain: p = {p:.3f}" in ax.get_title()
+    assert "better relative rank under linear_aug" in ax.get_ylabel()
+
+
+def test_lr_figures_are_by_model_size(study, captured, tmp_path):
+    from matplotlib.colors import to_hex
+
+    from retinabench.figures.style import SIZE_COLORS
+    ctx, tables = study
+    outputs = analysis_outputs(ctx, str(tmp_path))
+    run_family("ranks", tables, AnalysisContext.from_params(ctx.params_for("ranks")), outputs["ranks"])
+    tables = tables | {"ranks": pd.read_parquet(outputs["ranks"]["ranks"])}
+    run_family("sensitivity", tables, AnalysisContext.from_params(ctx.params_for("sensitivity")),
+               outputs["sensitivity"])
+    sens_fig, srd_fig = captured[-2:]
+    sizes = {e: m["size_class"] for e, m in ctx.encoders.items()}
+    ax = sens_fig.axes[0]
+    order = [t.get_text() for t in ax.get_yticklabels()]
+    assert [to_hex(p.get_facecolor()) for p in ax.patches] == [SIZE_COLORS[sizes[e]].lower() for e in order]
+    srd = srd_fig.axes[0]
+    groups = [t.get_text().split("\n")[0] for t in srd.get_xticklabels()]
+    assert set(groups) == set(sizes.values()) and "model size" in srd.get_title()

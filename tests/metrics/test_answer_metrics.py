@@ -13,7 +13,7 @@ PROBA = np.c_[1 - np.array([0.9, 0.4, 0.2, 0.6, 0.5, 0.1]), [0.9, 0.4, 0.2, 0.6,
 
 
 def test_invalid_answers_count_as_wrong():
-    m = classification_metrics(Y, PROBA, ordinal=False, y_pred=PRED)
+    m = classification_metrics(Y, PROBA, PRED, ordinal=False, answered=True)
     assert m["accuracy"] == pytest.approx(3 / 6)              # not 3 / 4: the invalid rows are not dropped
     assert m["invalid_rate"] == pytest.approx(2 / 6)
     assert m["accuracy_valid"] == pytest.approx(3 / 4) and m["n_valid"] == 4
@@ -28,8 +28,8 @@ def test_invalid_answers_count_as_wrong():
 
 def test_without_invalid_answers_the_metrics_equal_the_argmax_ones():
     pred = PROBA.argmax(1)
-    a = classification_metrics(Y, PROBA, ordinal=False)
-    b = classification_metrics(Y, PROBA, ordinal=False, y_pred=pred)
+    a = classification_metrics(Y, PROBA, pred, ordinal=False)
+    b = classification_metrics(Y, PROBA, pred, ordinal=False, answered=True)
     for k in a:
         assert b[k] == pytest.approx(a[k]), k
     assert b["invalid_rate"] == 0.0 and b["accuracy_valid"] == pytest.approx(a["accuracy"])
@@ -45,7 +45,7 @@ def test_without_invalid_answers_the_metrics_equal_the_argmax_ones():
 
 def test_bad_prediction_codes_are_errors():
     with pytest.raises(ValueError, match=r"y_pred values \[5\]"):
-        classification_metrics(Y, PROBA, ordinal=False, y_pred=np.array([5, 0, 0, 0, 0, 0]))
+        classification_metrics(Y, PROBA, np.array([5, 0, 0, 0, 0, 0]), ordinal=False, answered=True)
 
 
 def _preds(answered: bool):
@@ -65,3 +65,33 @@ def test_metrics_table_adds_invalid_rate_and_valid_only_accuracy_for_answers():
     assert m.loc["accuracy", "value"] == pytest.approx(0.5) and m.loc["accuracy", "n"] == 6
     plain = metrics_table(_preds(False), task)  # frozen-style predictions: unchanged metric set
     assert "invalid_rate" not in set(plain["metric"])
+    leaked = _preds(False)
+    leaked.loc[0, "y_pred"] = INVALID_PRED  # the invalid code is only for generated answers
+    with pytest.raises(ValueError, match=r"y_pred values \[-1\]"):
+        metrics_table(leaked, task)
+
+
+def test_reliability_point_metrics_count_invalid_answers_like_the_bootstrap():
+    """thresholds.point_metrics (reliability point estimates) and the weighted bootstrap agree on invalid
+    decisions: wrong for accuracy, a false negative of a positive, in every denominator."""
+    from retinabench.metrics.thresholds import point_metrics
+    from retinabench.stats.bootstrap import weighted_metrics
+    names = ("accuracy", "f1", "tpr", "fpr", "ppr", "auroc", "ece")
+    pt = point_metrics(names, Y, PROBA, PRED)
+    boot = weighted_metrics(names, Y, PROBA, PRED, np.ones((1, len(Y))))
+    for name in names:
+        assert pt[name] == pytest.approx(boot[name][0]), name
+    assert pt["accuracy"] == pytest.approx(3 / 6)
+    assert pt["tpr"] == pytest.approx(1 / 3)        # positives: yes, invalid, invalid
+    assert pt["fpr"] == pytest.approx(1 / 3)        # negatives: no, yes, no
+    assert pt["f1"] == pytest.approx(2 * 1 / (2 * 1 + 1 + 2))
+    # without invalid decisions: scikit-learn's values
+    pred = PROBA.argmax(1)
+    plain = point_metrics(("f1", "tpr"), Y, PROBA, pred)
+    assert plain["f1"] == pytest.approx(skm.f1_score(Y, pred)) and plain["tpr"] == pytest.approx(skm.recall_score(Y, pred))
+    y3, p3 = np.array([0, 1, 2, 2, 1, 0, 2]), np.array([0, 2, -1, 1, 1, -1, 0])
+    proba3 = np.full((7, 3), 1 / 3)
+    pm = point_metrics(("accuracy", "f1_macro", "tpr_macro"), y3, proba3, p3)
+    bm = weighted_metrics(("accuracy", "f1_macro", "tpr_macro"), y3, proba3, p3, np.ones((1, 7)))
+    for name in pm:
+        assert pm[name] == pytest.approx(bm[name][0]), name

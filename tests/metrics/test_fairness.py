@@ -16,7 +16,7 @@ def test_assign_groups_cuts_and_exclusions():
     assert lab.tolist()[:5] == ["<60", "<60", ">=60", ">=60", ">=60"] and pd.isna(lab.iloc[5])
     assert info["cut"] == 60 and info["excluded"] == {"age unknown": 1}
     lab, info = assign_groups(df, Attribute(name="age_median", column="age", cut="median"))
-    assert info["cut"] == 60 and lab.tolist()[:2] == ["<median", "<median"]
+    assert info["cut"] == 60 and lab.tolist()[:5] == ["<=median", "<=median", "<=median", ">median", ">median"]
     lab, info = assign_groups(df, SEX)
     assert lab.isna().tolist() == [False, False, True, True, False, False]
     assert info["excluded"] == {"sex unknown": 1, "sex value 'x' not in ['female', 'male']": 1}
@@ -69,7 +69,7 @@ def test_minimum_group_size_skips_with_the_reason():
     assert "group 'female' has 3 rows < minimum 10" in gaps[0]["reason"]
     quality = Attribute(name="quality", column="sex", kind="quality", groups=("female", "male"), min_group_size=3)
     _, gaps = subgroup_analysis(y, proba, pred, patients, lab, quality, info, n_boot=1000, rng=make_rng(0))
-    assert not any(r["skipped"] for r in gaps if r["metric"] in ("accuracy", "ppr"))
+    assert not any(r["skipped"] for r in gaps if r["metric"] in ("accuracy", "f1"))
 
 
 def test_metric_needing_positives_is_skipped_per_metric():
@@ -137,16 +137,19 @@ def test_gap_score_formula_hand_case():
         {"kind": "fairness", "attribute": "age_median", "metric": "accuracy", "gap": np.nan, "skipped": True,
          "reason": "small"},
         {"kind": "fairness", "attribute": "age", "metric": "accuracy", "gap": 0.99, "skipped": False, "reason": ""},
-        {"kind": "quality", "attribute": "quality", "metric": "equalized_odds", "gap": 0.5, "skipped": False,
-         "reason": ""},
         {"kind": "quality", "attribute": "quality", "metric": "accuracy", "gap": 0.1, "skipped": False, "reason": ""},
         {"kind": "quality", "attribute": "quality", "metric": "auroc_macro", "gap": 0.3, "skipped": False,
          "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "auprc", "gap": 0.2, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "f1", "gap": 0.4, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "ece", "gap": np.nan, "skipped": True, "reason": "x"},
     ])
     fair = gap_score(gaps, ["age_median", "sex"], "fairness")
     assert fair["value"] == pytest.approx(1 - (0.35 + 0.30 + 0.10 + 0.20) / 4) and fair["n_components"] == 4
     assert "age_median:accuracy skipped (small)" in fair["reason"]
-    assert gap_score(gaps, None, "quality")["value"] == pytest.approx(1 - 0.3)
+    quality = gap_score(gaps, None, "quality")  # the quality gaps: accuracy, AUROC, AUPRC, F1, ECE
+    assert quality["value"] == pytest.approx(1 - (0.1 + 0.3 + 0.2 + 0.4) / 4) and quality["n_components"] == 4
+    assert "quality:ece skipped (x)" in quality["reason"]
     none = gap_score(gaps[gaps["attribute"] == "nothing"], ["sex"], "fairness")
     assert np.isnan(none["value"]) and none["reason"]
 
@@ -165,3 +168,35 @@ def test_shift_score_hand_case():
     out = shift_scores(m, tasks, keys=["encoder"]).set_index("group")
     assert out.loc["any_dr_cfp", "value"] == pytest.approx(1 - (0.85 - 0.7))
     assert np.isnan(out.loc["gon_cfp", "value"]) and "needs >= 2 datasets" in out.loc["gon_cfp", "reason"]
+
+
+def test_age_median_split_puts_ties_with_the_rest_as_focus():
+    # FOCUS: ages above the median of the analysed rows form one group, the rest the other
+    ages = [50, 55, 60, 60, 60, 60, 65, 70, 70, 80]
+    lab, info = assign_groups(pd.DataFrame({"age": ages}), Attribute(name="age_median", column="age", cut="median"))
+    assert info["cut"] == 60 and info["groups"] == ["<=median", ">median"]
+    assert lab.value_counts().to_dict() == {"<=median": 6, ">median": 4}
+
+
+QUALITY = Attribute(name="quality", column="quality", kind="quality", groups=("good", "poor"), min_group_size=5)
+
+
+def test_quality_gaps_are_accuracy_auroc_auprc_f1_and_ece():
+    y, proba, pred, patients, frame = _hand_case()
+    frame = frame.assign(quality=np.where(frame["sex"] == "female", "good", "poor"))
+    lab, info = assign_groups(frame, QUALITY)
+    _, gaps = subgroup_analysis(y, proba, pred, patients, lab, QUALITY, info, n_boot=1000, rng=make_rng(0))
+    g = {r["metric"]: r for r in gaps}
+    assert set(g) == {"accuracy", "auroc", "auprc", "f1", "ece"}
+    assert g["accuracy"]["gap"] == pytest.approx(0.3)
+    assert g["f1"]["gap"] == pytest.approx(abs(skm.f1_score(y[:10], pred[:10]) - skm.f1_score(y[10:], pred[10:])))
+    assert g["auprc"]["gap"] == pytest.approx(abs(skm.average_precision_score(y[:10], proba[:10, 1])
+                                                  - skm.average_precision_score(y[10:], proba[10:, 1])))
+    from retinabench.metrics.calibration import binary_ece
+    assert g["ece"]["gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1]) - binary_ece(y[10:], proba[10:, 1])))
+    # multi-class quality strata: the macro / top-label variants
+    rng = np.random.default_rng(0)
+    y3 = rng.integers(0, 3, 20)
+    p3 = rng.dirichlet(np.ones(3), 20)
+    _, gaps3 = subgroup_analysis(y3, p3, p3.argmax(1), patients, lab, QUALITY, info, n_boot=1000, rng=make_rng(0))
+    assert {r["metric"] for r in gaps3} == {"accuracy", "auroc_macro", "auprc_macro", "f1_macro", "ece_top_label"}

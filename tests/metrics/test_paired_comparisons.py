@@ -70,6 +70,9 @@ def test_bh_within_each_metric_family(compared):
 def test_domain_level_summaries(compared):
     _, comp, dom = compared
     auroc = dom[(dom["encoder_a"] == "weak") & (dom["encoder_b"] == "good") & (dom["metric_family"] == "auroc")]
+    assert set(auroc["domain_field"]) == {"modality", "shift"}  # the defaults: by modality and by ID vs OOD
+    assert set(auroc.loc[auroc["domain_field"] == "shift", "domain"]) == {"in-domain", "all"}
+    auroc = auroc[auroc["domain_field"] == "modality"]
     assert set(auroc["domain"]) == {"cfp", "oct", "all"}
     row = auroc[auroc["domain"] == "all"].iloc[0]
     per = comp[(comp["encoder_a"] == "weak") & (comp["encoder_b"] == "good") & (comp["metric"] == "auroc")]
@@ -88,3 +91,66 @@ def test_alignment_by_image_id_counts_unaligned_rows():
     bad.loc[(bad["encoder"] == "twin"), "y_true"] = 1 - bad.loc[(bad["encoder"] == "twin"), "y_true"]
     with pytest.raises(ValueError, match="y_true disagree"):
         paired_comparisons(bad, man, TASKS, reliability_settings({}), ["weak", "twin"])
+
+
+def transfer_world(n_patients=120, seed=1):
+    """Probes trained on dataset A, tested on A (in-domain) and on B (out-of-domain), as the transfer rule writes
+    them; 'good' separates the classes on both, 'weak' poorly."""
+    rng = np.random.default_rng(seed)
+    man, preds = [], []
+    for ds in ("A", "B"):
+        for p in range(n_patients):
+            iid = f"{ds}_P{p}"
+            y = int(rng.random() < 0.4)
+            man.append({"dataset": ds, "image_id": iid, "patient_id": f"{ds}{p}"})
+            noise = rng.normal(0, 1)
+            for enc, strength in (("weak", 0.4), ("good", 2.0)):
+                z = strength * (2 * y - 1) + noise
+                q = 1 / (1 + np.exp(-z))
+                preds.append({"image_id": iid, "dataset": ds, "task": f"{ds}_any", "encoder": enc, "protocol": "logreg",
+                              "seed": 0, "regime": "u-u", "split": "test", "y_true": y, "y_pred": int(q > 0.5),
+                              "p_no": 1 - q, "p_yes": q, "source": "transfer", "train_task": "A_any",
+                              "train_dataset": "A"})
+    return pd.DataFrame(preds), pd.DataFrame(man)
+
+
+TRANSFER_TASKS = {t: {"name": t, "dataset": d, "modality": "cfp", "classes": ["no", "yes"], "harmonised": "any_dr"}
+                  for t, d in (("A_any", "A"), ("B_any", "B"))}
+
+
+def test_out_of_domain_comparisons_and_id_vs_ood_summaries():
+    preds, man = transfer_world()
+    settings = reliability_settings({"reliability": {"paired": {"sources": ["transfer"], "domain": ["shift"]}}})
+    comp, dom = paired_comparisons(preds, man, TRANSFER_TASKS, settings, ["weak", "good"])
+    ood = comp[comp["setting"] == "out-of-domain"]
+    assert set(ood["task"]) == {"B_any"} and set(ood["train_dataset"]) == {"A"} and set(ood["dataset"]) == {"B"}
+    assert (ood.loc[ood["metric"] == "auroc", "delta"] > 0.1).all()
+    # the transfer source's own in-domain rows repeat the frozen probes: only its out-of-domain rows are compared
+    assert set(comp["setting"]) == {"out-of-domain"}
+    auroc = dom[dom["metric_family"] == "auroc"]
+    assert set(auroc["domain_field"]) == {"shift"} and set(auroc["domain"]) == {"out-of-domain", "all"}
+
+
+def test_id_and_ood_settings_side_by_side_and_bootstrap_unit():
+    preds, man = transfer_world()
+    frozen = preds[preds["dataset"] == "A"].assign(source="frozen")
+    both = pd.concat([frozen, preds], ignore_index=True)
+    settings = reliability_settings({"reliability": {"paired": {"sources": ["frozen", "transfer"],
+                                                                "domain": ["modality", "shift"]},
+                                                     "bootstrap": {"unit": "image"}}})
+    comp, dom = paired_comparisons(both, man, TRANSFER_TASKS, settings, ["weak", "good"])
+    assert set(comp["setting"]) == {"in-domain", "out-of-domain"} and set(comp["bootstrap_unit"]) == {"image"}
+    shift = dom[(dom["domain_field"] == "shift") & (dom["metric_family"] == "auroc")]
+    assert set(shift["domain"]) == {"in-domain", "out-of-domain", "all"}
+    assert set(dom["domain_field"]) == {"modality", "shift"}
+
+
+def test_paired_hard_decisions_are_y_pred_as_written():
+    preds, man = world(n_patients=60)
+    preds.loc[preds["encoder"] == "twin", "y_pred"] = 1  # twin: same probabilities as weak, other decisions
+    comp, _ = paired_comparisons(preds, man, TASKS, reliability_settings({}), ["weak", "twin"])
+    acc = comp[(comp["metric"] == "accuracy") & (comp["task"] == "t_cfp")].iloc[0]
+    t = preds[(preds["task"] == "t_cfp") & (preds["encoder"] == "twin")]
+    assert acc["value_b"] == pytest.approx((t["y_true"] == 1).mean())
+    auroc = comp[(comp["metric"] == "auroc") & (comp["task"] == "t_cfp")].iloc[0]
+    assert auroc["delta"] == 0  # probabilities are the same

@@ -84,6 +84,15 @@ def test_temperature_scaling_fitted_on_validation_lowers_test_ece(evaluated):
     cal = out["calibration"]
     assert (cal["temperature"] > 1.5).all()  # the model is overconfident
     assert (cal["ece_after"] < cal["ece_before"]).all() and (cal["nll_after"] < cal["nll_before"]).all()
+    # one vocabulary: binary `ece` is the positive-class ECE, `ece_top_label` the top-label ECE (both reported)
+    from retinabench.metrics.calibration import binary_ece, top_label_ece
+    _, preds, _ = evaluated
+    test = preds[(preds["split"] == "test") & (preds["seed"] == 0)]
+    row = cal[cal["seed"] == 0].iloc[0]
+    assert row["ece_before"] == pytest.approx(binary_ece(test["y_true"], test["p_yes"]))
+    assert row["ece_top_label_before"] == pytest.approx(top_label_ece(test["y_true"], test[["p_no", "p_yes"]]))
+    assert row["ece_before"] != pytest.approx(row["ece_top_label_before"])
+    assert "ece_kind" not in cal.columns and set(out["bins"]["metric"]) == {"ece"}
     bins = out["bins"]
     assert set(bins["calibration"]) == {"before", "after"}
     assert (bins.groupby(["seed", "calibration"])["n"].sum() == cal["n"].iloc[0]).all()
@@ -95,8 +104,9 @@ def test_metrics_report_effective_n_and_ci(evaluated):
     n_test = (preds["split"] == "test").sum() // 2
     assert (m["n"] == n_test).all() and (m["n_patients"] == 80).all() and (m["n_boot"] == 1000).all()
     free = m[m["threshold"] == "none"]
-    assert set(free["metric"]) == {"auroc", "auprc", "ece"}
-    assert set(m.loc[m["threshold"] == "argmax", "metric"]) == {"accuracy", "f1", "ppr", "tpr", "fpr"}
+    assert set(free["metric"]) == {"auroc", "auprc", "ece", "ece_top_label"}
+    assert set(m.loc[m["threshold"] == "y_pred", "metric"]) == {"accuracy", "f1", "ppr", "tpr", "fpr"}
+    assert set(m["bootstrap_unit"]) == {"patient"}
     assert ((m["ci_low"] <= m["value"] + 1e-12) & (m["value"] <= m["ci_high"] + 1e-12)).all()
 
 
@@ -104,7 +114,7 @@ def test_subgroups_gaps_and_coverage(evaluated):
     _, _, out = evaluated
     gaps = out["gaps"]
     assert set(gaps["attribute"]) == {"age_median", "age", "sex", "quality"}
-    sex = gaps[(gaps["attribute"] == "sex") & (gaps["threshold"] == "argmax")]
+    sex = gaps[(gaps["attribute"] == "sex") & (gaps["threshold"] == "y_pred")]
     assert (~sex["skipped"]).all() and sex["ci_low"].notna().all()
     cov = out["coverage"]
     assert {"test", "split", "images"} <= set(cov["scope"])
@@ -128,7 +138,7 @@ def test_dataset_without_age_or_sex_is_skipped_with_the_reason_never_silently():
     assert fair["value"].isna().all() and fair["reason"].str.contains("no sex values").all()
 
 
-def test_multiclass_uses_argmax_only_and_top_label_ece():
+def test_multiclass_uses_y_pred_only_and_top_label_ece():
     manifest, excl, splits, preds = world(n_patients=80)
     rng = np.random.default_rng(1)
     y = rng.integers(0, 3, len(preds))
@@ -137,13 +147,16 @@ def test_multiclass_uses_argmax_only_and_top_label_ece():
     preds = preds.drop(columns=["p_no", "p_yes"]).assign(task="d_tri", y_true=y, y_pred=p.argmax(1),
                                                          p_a=p[:, 0], p_b=p[:, 1], p_c=p[:, 2])
     out = evaluate_predictions(preds, manifest, excl, {}, {"d_tri": TASK3}, reliability_settings({}), source="frozen")
-    assert set(out["thresholds"]["threshold"]) == {"argmax"}
-    assert set(out["calibration"]["ece_kind"]) == {"top-label"}
+    assert set(out["thresholds"]["threshold"]) == {"y_pred"}
+    cal = out["calibration"]
+    assert cal["ece_before"].isna().all() and cal["ece_top_label_before"].notna().all()  # no positive class
+    assert set(out["bins"]["metric"]) == {"ece_top_label"}
     assert {"auroc_macro", "ece_top_label", "f1_macro"} <= set(out["metrics"]["metric"])
+    assert "ece" not in set(out["metrics"]["metric"])
     ppr = out["gaps"][out["gaps"]["metric"] == "ppr"]
     assert ppr["skipped"].all() and ppr["reason"].str.contains("binary tasks only").all()
     cov = out["coverage"]
-    assert cov.loc[cov["scope"] == "threshold", "reason"].str.contains("argmax only").all()
+    assert cov.loc[cov["scope"] == "threshold", "reason"].str.contains("y_pred only").all()
 
 
 def test_missing_columns_and_unknown_images_fail_by_name():
@@ -161,3 +174,37 @@ def test_missing_columns_and_unknown_images_fail_by_name():
         reliability_settings({"reliability": {"bootstrap": {"n_resamples": 10}}})
     with pytest.raises(ValueError, match=">= 1000"):
         reliability_settings({"reliability": {"bootstrap": {"n_boot": 100}}})
+
+
+def test_hard_decisions_are_the_protocols_y_pred_as_written():
+    # a protocol whose decision is not the argmax (a parsed MLLM answer, its own threshold): rule `y_pred` scores it
+    manifest, excl, splits, preds = world(n_patients=60)
+    preds["y_pred"] = (preds["p_yes"] >= 0.8).astype(int)
+    assert (preds["y_pred"] != preds[["p_no", "p_yes"]].to_numpy().argmax(1)).any()
+    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, reliability_settings({}),
+                               source="frozen")
+    m = out["metrics"]
+    for seed in (0, 1):
+        test = preds[(preds["split"] == "test") & (preds["seed"] == seed)]
+        got = m[(m["seed"] == seed) & (m["threshold"] == "y_pred") & (m["metric"] == "accuracy")]["value"].item()
+        assert got == pytest.approx((test["y_pred"] == test["y_true"]).mean())
+    val = preds[(preds["split"] == "val") & (preds["seed"] == 0)]
+    thr = out["thresholds"]
+    row = thr[(thr["seed"] == 0) & (thr["threshold"] == "y_pred")].iloc[0]
+    assert pd.isna(row["value"]) and row["val_accuracy"] == pytest.approx((val["y_pred"] == val["y_true"]).mean())
+
+
+def test_bootstrap_unit_is_a_setting_recorded_in_the_tables():
+    manifest, excl, splits, preds = world(n_patients=60)
+    per = {}
+    for unit in ("patient", "image"):
+        settings = reliability_settings({"reliability": {"bootstrap": {"unit": unit}}})
+        out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, settings, source="frozen")
+        for kind in ("metrics", "gaps", "subgroups"):
+            assert set(out[kind]["bootstrap_unit"]) == {unit}, kind
+        per[unit] = out["metrics"].set_index(["seed", "threshold", "metric"])
+    # same point estimates, other resampling: the intervals differ (patients have 1-2 images)
+    pd.testing.assert_series_equal(per["patient"]["value"], per["image"]["value"])
+    assert not np.allclose(per["patient"]["ci_low"], per["image"]["ci_low"])
+    with pytest.raises(ValueError, match="bootstrap.unit must be patient or image"):
+        reliability_settings({"reliability": {"bootstrap": {"unit": "eye"}}})

@@ -31,15 +31,26 @@ def test_config_yaml_documents_the_defaults():
     assert yaml.safe_load((REPO / "config/config.yaml").read_text())["analysis"] == ANALYSIS_DEFAULTS
 
 
+def context(config: dict) -> AnalysisContext:
+    p = plan(config)
+    return AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+
+
 def test_phantom_demo_families():
     out = families(load_config())
     assert set(out) == {"ranks", "rank_figures", "tables", "cd", "protocol_heatmap", "agreement", "distance",
-                        "subsets", "top_k"}
+                        "subsets", "top_k", "fairness"}
+    # the fairness scatter is on by default: it reads the reliability layer's subgroup table, no path to set
+    ctx = context(load_config())
+    assert family_inputs("fairness", "R", ctx) == {"subgroups": "R/reliability/subgroup_metrics.parquet"}
+    # no fine-tuning: the single-protocol analyses fall back to the configured protocol and say so
+    assert ctx.analysis_protocol == {"protocol": "linear", "role": "fallback", "note": "fallback: finetune not run"}
+    assert ctx.protocol_label == "linear (fallback: finetune not run)"
     assert out["rank_figures"]["png"] == "R/figures/rank_distribution.png"
     assert out["rank_figures"]["pdf_auroc"] == "R/figures/rank_distribution_auroc.pdf"
     assert set(out["cd"]) >= {"friedman", "nemenyi", "png", "pdf", "png_balanced_accuracy", "png_auroc"}
     # phantom: one low-risk dataset nobody saw -> re-ranking would change nothing -> no leakage figure
-    assert "leakage" not in out and "ft_lp" not in out and "fairness" not in out and "sensitivity" not in out
+    assert "leakage" not in out and "ft_lp" not in out and "sensitivity" not in out
 
 
 def test_two_encoders_have_no_rank_tests():
@@ -56,7 +67,7 @@ def test_tvhl_like_config_has_no_top_k_after_excluding_its_high_risk_dataset():
 
 def test_single_protocol_single_regime_keeps_only_what_is_defined():
     out = families(load_config({"protocols": ["knn"], "regimes": ["u-u"], "analysis": ANALYSIS_DEFAULTS |
-                                {"protocol": None}}))
+                                {"fallback_protocol": "knn"}}))
     assert "protocol_heatmap" not in out and "agreement" not in out
     assert set(out["distance"]) == {"table", "kruskal", "png_subsets", "pdf_subsets"}
 
@@ -65,7 +76,8 @@ def test_future_inputs_switch_their_families_on():
     ctx = AnalysisContext(encoders={e: {"domain": "natural", "method": "m", "exposure": [], "params_m": 1.0}
                                     for e in "abc"},
                           tasks={"t1": {"dataset": "d", "modality": "cfp", "family": "x"}},
-                          datasets={"d": {"web_exposure_risk": "low"}}, protocols=["knn", "linear", "finetune"],
+                          datasets={"d": {"web_exposure_risk": "low"}},
+                          protocols=["knn", "linear", "finetune", "linear_aug"],
                           regimes=["u-u"], ranking={"metric": "accuracy", "regime": "u-u"},
                           settings=ANALYSIS_DEFAULTS | {"subgroup_metrics": "subgroups/metrics.parquet"},
                           lr_source="lr/metrics.parquet")
@@ -82,14 +94,29 @@ def test_fine_tuning_joins_the_rankings_only_with_full_coverage():
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
     assert ctx.protocols == ["knn", "linear", "logreg", "finetune", "linear_aug"]
+    # the paper's headline protocol once it is ranked, whatever the order of `protocols`
+    assert ctx.analysis_protocol["protocol"] == "finetune" and ctx.analysis_protocol["role"] == "headline"
+    assert ctx.protocol_label == "finetune"
     out = analysis_outputs(ctx, "R")
     assert "ft_lp" in out and "sensitivity" in out  # the sweep is on by default with fine-tuning
+    assert ctx.settings["linear_protocol"] == "linear_aug"  # FT - LP gap: the paper's augmented linear probe
     assert family_inputs("sensitivity", "R", ctx)["lr_sweep"] == "R/sweep/lr_sensitivity.parquet"
+    # sensitivity on the sweep task; the second fine-tuned task is the transfer check of the chosen lr
+    assert ctx.sweep_tasks == {"sweep": p.tasks[0], "check": p.tasks[1]}
+    assert family_inputs("lr_transfer", "R", ctx) == {"lr_grid": "R/sweep/lr_sweep_metrics.parquet",
+                                                      "lr_sweep": "R/sweep/lr_sensitivity.parquet"}
+    no_aug = context(load_config({"finetune": full["finetune"] | {"protocols": ["finetune"]}}))
+    assert "ft_lp" not in analysis_outputs(no_aug, "R")  # the cached-feature `linear` probe is not the paper's LP
+    no_check = context(load_config({"finetune": full["finetune"], "sweep": {"sensitivity_task": None}}))
+    out = analysis_outputs(no_check, "R")
+    assert "sensitivity" in out and "lr_transfer" not in out
     subset = load_config({"finetune": full["finetune"] | {"encoders": ["efficientnet_lite0_in1k"]},
                           "sweep": {"enabled": False}})
     p = plan(subset)
     ctx = AnalysisContext.from_config(subset, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
     assert ctx.protocols == ["knn", "linear", "logreg"] and ctx.ft_protocols == ["finetune", "linear_aug"]
+    assert ctx.analysis_protocol == {"protocol": "linear", "role": "fallback",
+                                     "note": "fallback: finetune covers only 1 of 3 encoders"}
     out = analysis_outputs(ctx, "R")
     assert "ft_lp" in out and "sensitivity" not in out
     one_swept = load_config({"finetune": full["finetune"] | {"encoders": ["efficientnet_lite0_in1k"]}})
@@ -106,8 +133,10 @@ def test_fine_tuning_joins_the_rankings_only_with_full_coverage():
 def test_settings_errors_name_the_key():
     with pytest.raises(KeyError, match="unknown key.*'alhpa'"):
         analysis_settings({"analysis": {"alhpa": 0.1}})
-    with pytest.raises(ValueError, match="analysis.protocol 'linear' is not among"):
+    with pytest.raises(ValueError, match="analysis.fallback_protocol 'linear' is not among"):
         families(load_config({"protocols": ["knn"]}))
+    with pytest.raises(ValueError, match="analysis.protocol 'logreg' is not among"):
+        families(load_config({"protocols": ["knn", "linear"], "analysis": ANALYSIS_DEFAULTS | {"protocol": "logreg"}}))
 
 
 def test_each_job_gets_only_what_its_family_reads():
@@ -122,4 +151,4 @@ def test_each_job_gets_only_what_its_family_reads():
     with pytest.raises(KeyError, match="'top_k' was not passed to this job"):
         restored.settings["top_k"]
     assert set(FAMILIES) == {"ranks", "rank_figures", "tables", "cd", "protocol_heatmap", "agreement", "distance",
-                             "subsets", "leakage", "top_k", "ft_lp", "fairness", "sensitivity"}
+                             "subsets", "leakage", "top_k", "ft_lp", "fairness", "sensitivity", "lr_transfer"}

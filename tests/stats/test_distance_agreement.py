@@ -16,10 +16,11 @@ ENCODERS = {"a": {"domain": "natural", "method": "supervised"}, "b": {"domain": 
 
 
 def test_signed_rank_distance_by_hand():
-    a = pd.Series({"e1": 1.0, "e2": 3.0, "e3": 2.0})
-    b = pd.Series({"e3": 3.0, "e1": 2.0, "e2": 1.0})  # other order: aligned by encoder, not position
-    d = signed_rank_distance(a, b)
+    reference = pd.Series({"e1": 1.0, "e2": 3.0, "e3": 2.0})
+    comparison = pd.Series({"e3": 3.0, "e1": 2.0, "e2": 1.0})  # other order: aligned by encoder, not position
+    d = signed_rank_distance(reference, comparison)  # (rank_reference - rank_comparison)/sqrt(2)
     assert d.to_dict() == pytest.approx({"e1": -1 / math.sqrt(2), "e2": 2 / math.sqrt(2), "e3": -1 / math.sqrt(2)})
+    a = reference
     with pytest.raises(ValueError, match="different encoders.*e4"):
         signed_rank_distance(a, pd.Series({"e1": 1.0, "e2": 2.0, "e4": 3.0}))
 
@@ -63,16 +64,57 @@ def test_distance_and_kruskal_tables(ranks_from):
     ranks = pd.concat([knn, lin], ignore_index=True)
     comps = protocol_comparisons(["knn", "linear"], metric="accuracy", regime="u-u")
     table = distance_table(ranks, comps, ENCODERS)
+    # the trained linear probe is the declared reference of the pair (not the config order)
+    assert set(table["reference"]) == {"linear"} and set(table["comparison"]) == {"knn"}
     d = table.set_index("encoder")["distance"]
-    # (scores: higher = better) a: rank 1 on both tasks under knn, 4 under linear -> (1 - 4)/sqrt(2);
-    # c: ranks 3, 4 (mean 3.5) under knn and 2, 1 (mean 1.5) under linear -> 2/sqrt(2)
-    assert d["a"] == pytest.approx(-3 / math.sqrt(2)) and d["b"] == pytest.approx(-1 / math.sqrt(2))
-    assert d["c"] == pytest.approx(2 / math.sqrt(2)) and d["d"] == pytest.approx(2 / math.sqrt(2))
-    assert table.set_index("encoder").loc["c", ["rank_a", "rank_b"]].tolist() == [3.5, 1.5]
+    # (scores: higher = better) a: rank 4 on both tasks under linear, 1 under knn -> (4 - 1)/sqrt(2) > 0, better
+    # under knn; c: ranks 2, 1 (mean 1.5) under linear and 3, 4 (3.5) under knn -> (1.5 - 3.5)/sqrt(2)
+    assert d["a"] == pytest.approx(3 / math.sqrt(2)) and d["b"] == pytest.approx(1 / math.sqrt(2))
+    assert d["c"] == pytest.approx(-2 / math.sqrt(2)) and d["d"] == pytest.approx(-2 / math.sqrt(2))
+    assert table.set_index("encoder").loc["c", ["rank_reference", "rank_comparison"]].tolist() == [1.5, 3.5]
     assert table.set_index("encoder")["domain"].to_dict() == {e: m["domain"] for e, m in ENCODERS.items()}
+    assert set(table["meaning"]) == {"positive = better relative rank under knn than under linear"}
     kw = kruskal_table(table).set_index("group_by")
     ref = stats.kruskal([d["a"], d["d"]], [d["b"], d["c"]])  # natural vs cfp
     assert kw.loc["domain", "H"] == pytest.approx(ref.statistic) and kw.loc["domain", "p"] == pytest.approx(ref.pvalue)
+    assert kw.loc["domain", "reference"] == "linear" and kw.loc["domain", "comparison"] == "knn"
+
+
+def test_finetune_is_the_reference_whatever_the_config_order(ranks_from):
+    # Encoder a is the best under full fine-tuning and the worst under linear probing (OcularBench Fig. 5:
+    # distance = (rank_FT - rank_LP)/sqrt(2), positive = better relative rank under linear probing).
+    ft = ranks_from({"t1": {"a": 9, "b": 5, "c": 1}, "t2": {"a": 9, "b": 1, "c": 5}}, protocol="finetune")
+    lp = ranks_from({"t1": {"a": 1, "b": 5, "c": 9}, "t2": {"a": 1, "b": 9, "c": 5}}, protocol="linear_aug")
+    ranks = pd.concat([ft, lp], ignore_index=True)
+    encoders = {e: ENCODERS[e] for e in "abc"}
+    tables = []
+    for order in (["linear_aug", "finetune"], ["finetune", "linear_aug"], ["knn", "linear_aug", "finetune"]):
+        comps = [c for c in protocol_comparisons(order, metric="accuracy", regime="u-u") if "knn" not in c.name]
+        t = distance_table(ranks, comps, encoders)
+        assert set(t["reference"]) == {"finetune"} and set(t["comparison"]) == {"linear_aug"}
+        assert set(t["name"]) == {"finetune vs linear_aug"}
+        tables.append(t.set_index("encoder")["distance"])
+    for t in tables:
+        assert t["a"] == pytest.approx((1 - 3) / math.sqrt(2)) and t["a"] < 0
+        assert t["b"] == pytest.approx((2.5 - 1.5) / math.sqrt(2))  # FT ranks 2, 3; LP ranks 2, 1
+    assert [c.reference for c in protocol_comparisons(["knn", "logreg", "linear", "linear_aug", "finetune"],
+                                                       metric="accuracy", regime="u-u")] == \
+        ["logreg", "linear", "linear_aug", "finetune", "linear", "linear_aug", "finetune", "linear_aug", "finetune",
+         "finetune"]
+
+
+def test_subset_distance_is_positive_when_the_encoder_ranks_better_on_the_subset(ranks_from):
+    # a: the best on the two CFP tasks, the worst on the two OCT tasks -> positive CFP-vs-rest distance
+    tasks = {"c1": {"modality": "cfp", "family": "glaucoma"}, "c2": {"modality": "cfp", "family": "dr_staging"},
+             "o1": {"modality": "oct", "family": "dme"}, "o2": {"modality": "oct", "family": "amd"}}
+    ranks = ranks_from({"c1": {"a": 9, "b": 5, "c": 1}, "c2": {"a": 9, "b": 1, "c": 5},
+                        "o1": {"a": 1, "b": 5, "c": 9}, "o2": {"a": 1, "b": 9, "c": 5}})
+    comps = subset_comparisons(tasks, {"modality": ["cfp"]}, metric="accuracy", protocol="linear", regime="u-u")
+    t = distance_table(ranks, comps, {e: ENCODERS[e] for e in "abc"}).set_index("encoder")
+    assert set(t["reference"]) == {"rest"} and set(t["comparison"]) == {"cfp"}
+    assert t.loc["a", "rank_comparison"] == 1.0 and t.loc["a", "rank_reference"] == 3.0
+    assert t.loc["a", "distance"] == pytest.approx(2 / math.sqrt(2)) and t.loc["a", "distance"] > 0
+    assert t.loc["a", "meaning"] == "positive = better relative rank on cfp tasks than on the rest"
 
 
 def test_subset_comparisons_need_tasks_on_both_sides():
@@ -80,7 +122,7 @@ def test_subset_comparisons_need_tasks_on_both_sides():
     comps = subset_comparisons(tasks, {"modality": ["cfp", "oct"], "family": ["glaucoma"]}, metric="accuracy",
                                protocol="linear", regime="u-u")
     assert [c.name for c in comps] == ["glaucoma vs rest"]  # all tasks are CFP: no "rest"; no OCT task
-    assert comps[0].where_a["tasks"] == ["t1"] and comps[0].where_b["tasks"] == ["t2"]
+    assert comps[0].where_comparison["tasks"] == ["t1"] and comps[0].where_reference["tasks"] == ["t2"]
 
 
 def test_spearman_by_hand_with_exact_p():

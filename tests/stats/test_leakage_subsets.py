@@ -41,11 +41,18 @@ def test_leakage_rerank_by_hand(ranks_from):
                          exposure=exposed_datasets(ENCODERS, list(DATASETS))).set_index(["subset", "encoder"])
     assert out.loc[("no_known_exposure", "e1"), "mean_rank_all"] == pytest.approx(2.0)
     assert out.loc[("no_known_exposure", "e1"), "mean_rank_subset"] == pytest.approx(7 / 3)
-    assert out.loc[("no_known_exposure", "e1"), "mean_rank_change"] == pytest.approx(1 / 3)
+    # signed changes: all tasks (reference) minus the restricted benchmark: positive = improved rank there
+    assert out.loc[("no_known_exposure", "e1"), "mean_rank_change"] == pytest.approx(-1 / 3)
     change = out["position_change"].to_dict()
-    assert change == {("no_known_exposure", "e1"): 1.0, ("no_known_exposure", "e2"): 0.0,
-                      ("no_known_exposure", "e3"): -1.0, ("low_risk", "e1"): 1.0, ("low_risk", "e2"): -1.0,
+    assert change == {("no_known_exposure", "e1"): -1.0, ("no_known_exposure", "e2"): 0.0,
+                      ("no_known_exposure", "e3"): 1.0, ("low_risk", "e1"): -1.0, ("low_risk", "e2"): 1.0,
                       ("low_risk", "e3"): 0.0}
+    # e2 gains rank on the low-risk subset (position 2 -> 1): a positive change; e1 loses its exposed task
+    assert out.loc[("low_risk", "e2"), "position_change"] > 0 and out.loc[("low_risk", "e1"), "position_change"] < 0
+    assert set(out["reference"]) == {"all tasks"}
+    assert out.loc[("low_risk", "e2"), "comparison"] == "low web-exposure-risk datasets"
+    assert set(out["meaning"]) == {"positive = improved rank on the restricted benchmark (position / mean rank on "
+                                   "all tasks minus on the subset)"}
     assert out.loc[("low_risk", "e1"), "known_exposure"] == "dsA" and out.loc[("low_risk", "e1"), "n_tasks"] == 3
 
 

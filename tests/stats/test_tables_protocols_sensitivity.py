@@ -90,9 +90,25 @@ def test_subgroup_pairs():
     out = subgroup_pairs(table(rows), {"age": ["<60", ">=60"]}, protocol="linear", regime="u-u")
     assert out.loc[0, "value_a"] == pytest.approx(0.85) and out.loc[0, "value_b"] == pytest.approx(0.65)
     assert out.loc[0, "difference"] == pytest.approx(-0.20) and out.loc[0, "n_tasks"] == 2
-    with pytest.raises(ValueError, match=r"group\(s\) \['male'\]"):
-        subgroup_pairs(table([r | {"attribute": "sex", "group": "female"} for r in rows]),
-                       {"sex": ["female", "male"]}, protocol="linear", regime="u-u")
+    # an attribute without one of its groups keeps a row that says why (never dropped silently, never fatal)
+    missing = subgroup_pairs(table([r | {"attribute": "sex", "group": "female"} for r in rows]),
+                             {"sex": ["female", "male"]}, protocol="linear", regime="u-u")
+    assert len(missing) == 1 and "group(s) ['male']" in missing.loc[0, "reason"] and pd.isna(missing.loc[0, "encoder"])
+
+
+def test_subgroup_points_are_per_encoder_and_dataset_mean_over_seeds():
+    # OcularBench Figs. 10-11: one point per encoder and dataset, the mean over its seeds
+    rows = []
+    for ds, task, base in (("dsA", "tA", 0.8), ("dsB", "tB", 0.6)):
+        for seed, noise in ((0, 0.0), (1, 0.02), (2, -0.02)):
+            rows += [{"dataset": ds, "task": task, "encoder": "a", "seed": seed, "attribute": "age", "group": "<60",
+                      "value": base + noise},
+                     {"dataset": ds, "task": task, "encoder": "a", "seed": seed, "attribute": "age", "group": ">=60",
+                      "value": base - 0.1 + 2 * noise}]
+    out = subgroup_pairs(table(rows), {"age": ["<60", ">=60"]}, protocol="linear", regime="u-u").set_index("dataset")
+    assert sorted(out.index) == ["dsA", "dsB"] and (out["n_seeds"] == 3).all() and (out["n_tasks"] == 1).all()
+    assert out.loc["dsA", "value_a"] == pytest.approx(0.8) and out.loc["dsB", "value_b"] == pytest.approx(0.5)
+    assert (out["reason"] == "").all()
 
 
 def test_the_sweeps_own_sensitivity_table_is_used_as_is():
@@ -110,3 +126,49 @@ def test_the_sweeps_own_sensitivity_table_is_used_as_is():
         choices_from_sweep(pd.DataFrame(rows), regime="u-u", reference_lr=1e-3)
     metrics_format = choices_from_sweep(sweep_rows(), regime="u-u")  # METRICS + lr: chosen on validation
     assert set(metrics_format["protocol"]) == {"linear"} and len(metrics_format) == 2
+
+
+def sensitivity_rows():
+    # the sweep task t1 and the transfer-check task t2; a is lr-sensitive on t1 only
+    rows = []
+    for task, drops in (("t1", {"a": 0.3, "b": 0.05}), ("t2", {"a": 0.0, "b": 0.2})):
+        for e, drop in drops.items():
+            for split in ("val", "test"):
+                rows.append({"encoder": e, "task": task, "stage": 2, "protocol": "finetune", "lr_name": "lr_encoder",
+                             "regime": "u-u", "split": split, "metric": "accuracy",
+                             "lr_optimal": 1e-5 if (e, task) != ("b", "t2") else 1e-4, "value_optimal": 0.8,
+                             "value_suboptimal_mean": 0.8 - drop, "value_suboptimal_sd": 0.01, "n_suboptimal": 2,
+                             "n_diverged": 0, "drop": drop})
+    return pd.DataFrame(rows)
+
+
+def test_sensitivity_is_computed_on_the_sweep_task_alone():
+    ch = choices_from_sweep(sensitivity_rows(), regime="u-u", tasks=["t1"])
+    assert set(ch["task"]) == {"t1"}
+    sens = lr_sensitivity(ch).set_index("encoder")
+    assert sens.loc["a", "mean_drop"] == pytest.approx(0.3) and sens.loc["a", "n_tasks"] == 1
+    assert sens.loc["a", "tasks"] == "t1"
+    both = lr_sensitivity(choices_from_sweep(sensitivity_rows(), regime="u-u")).set_index("encoder")
+    assert both.loc["a", "mean_drop"] == pytest.approx(0.15)  # what mixing in the check task would have given
+    with pytest.raises(ValueError, match=r"task\(s\) \['t9'\]"):
+        choices_from_sweep(sensitivity_rows(), regime="u-u", tasks=["t9"])
+
+
+def test_lr_transfer_table_over_the_grid_on_both_tasks():
+    from retinabench.stats.sensitivity import lr_transfer_table
+    grid = []
+    for task in ("t1", "t2"):
+        for e in ("a", "b"):
+            for lr, v in ((1e-5, 0.8), (1e-4, 0.7 if (e, task) != ("b", "t2") else 0.9)):
+                for seed, noise in ((0, 0.01), (1, -0.01)):
+                    grid.append({"dataset": "ds", "task": task, "encoder": e, "protocol": "finetune", "seed": seed,
+                                 "regime": "u-u", "split": "val", "metric": "accuracy", "value": v + noise, "n": 10,
+                                 "lr": lr, "lr_name": "lr_encoder", "stage": 2})
+    grid = pd.DataFrame(grid)
+    t = lr_transfer_table(grid, sensitivity_rows(), metric="accuracy", regime="u-u", sweep_task="t1",
+                          check_task="t2")
+    assert set(t["role"]) == {"sweep task", "transfer check"} and len(t) == 2 * 2 * 2
+    assert t["value"].tolist()[:2] == pytest.approx([0.8, 0.7]) and (t["n_seeds"] == 2).all()
+    assert (t["lr_chosen"] == 1e-5).all()
+    transfers = t.groupby("encoder")["transfers"].first().to_dict()
+    assert transfers == {"a": True, "b": False}  # b's optimum on the check task is 1e-4, not the chosen 1e-5

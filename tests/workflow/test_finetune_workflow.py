@@ -57,12 +57,17 @@ def job_counts(stdout: str) -> dict[str, int]:
     return counts
 
 
+# The analysis outputs of fine-tuning, requested by the same run (not by targets(): the rerun test counts jobs).
+ANALYSIS = [f"{R}/analysis/ft_lp_gap.csv", f"{R}/analysis/lr_sensitivity.csv", f"{R}/analysis/lr_transfer.csv",
+            f"{R}/analysis/lr_signed_rank_distance.csv", f"{R}/figures/lr_transfer.png", f"{R}/figures/srd_lr.png"]
+
+
 @pytest.fixture(scope="module")
 def ft_workflow(tmp_path_factory, make_workflow_copy, run_snakemake):
     work = make_workflow_copy(tmp_path_factory.mktemp("ftwf") / "repo", FT_TINY)
     reg = work / "config/encoders.yaml"
     reg.write_text(reg.read_text() + "\n" + yaml.safe_dump(MICRO))
-    run_snakemake(work, "--printshellcmds", *targets())  # a flag first: --configfile would eat the targets
+    run_snakemake(work, "--printshellcmds", *targets(), *ANALYSIS)  # a flag first: --configfile would eat targets
     return work
 
 
@@ -130,3 +135,27 @@ def test_editing_one_encoders_sweep_reruns_its_sweep_and_finetuning_only(ft_work
     assert jobs.pop("finetune") == 2 and jobs.pop("finetune_predictions") == 2  # vit_micro × 2 protocols
     assert jobs.pop("sweep_collect") == 1 and jobs.pop("finetune_compute") == 1 and jobs.pop("collect_metrics") == 1
     assert jobs.pop("total") == 11 and jobs == {}, jobs  # nothing of resnet_micro, no frozen / features job
+
+
+def test_fine_tuning_analyses_use_the_papers_protocols(ft_workflow):
+    r = ft_workflow / R
+    gap = pd.read_csv(r / "analysis/ft_lp_gap.csv")
+    # FT - LP gap against the paper's linear probe (linear_aug), not the cached-feature probe
+    assert {"finetune", "linear_aug"} <= set(gap.columns) and "linear" not in gap.columns
+    assert set(gap["encoder"]) == set(MICRO)
+    metrics = read_table(r / "metrics.parquet", "metrics")
+    m = metrics[(metrics["metric"] == "accuracy") & (metrics["split"] == "test") & (metrics["regime"] == "u-u")]
+    lp = m[m["protocol"] == "linear_aug"].groupby("encoder")["value"].mean()
+    assert gap.set_index("encoder")["linear_aug"].to_dict() == pytest.approx(lp.to_dict(), abs=1e-5)
+    # learning-rate sensitivity on the sweep task alone; the other swept task is the transfer check
+    sens = pd.read_csv(r / "analysis/lr_sensitivity.csv")
+    assert set(sens["tasks"]) == {"phantom_oct_dme"} and set(sens["size_class"]) == {"tiny"}
+    transfer = pd.read_csv(r / "analysis/lr_transfer.csv")
+    assert set(transfer["task"]) == {"phantom_oct_dme", "phantom_cfp_glaucoma"} and set(transfer["split"]) == {"val"}
+    assert set(transfer["lr_name"]) == {"lr_classifier", "lr_encoder"} and set(transfer["encoder"]) == set(MICRO)
+    chosen = {e: json.loads((r / f"sweep/{e}/chosen.json").read_text()) for e in MICRO}
+    for (enc, lr_name), g in transfer.groupby(["encoder", "lr_name"]):
+        assert set(g["lr_chosen"]) == {chosen[enc][lr_name]}
+    srd = pd.read_csv(r / "analysis/lr_signed_rank_distance.csv")
+    assert set(srd["reference"]) == {"optimal lr"} and set(srd["comparison"]) == {"sub-optimal lr"}
+    assert (r / "figures/lr_transfer.png").stat().st_size > 10_000

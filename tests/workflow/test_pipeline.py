@@ -62,3 +62,45 @@ def test_provenance_chain_reaches_raw_images_and_weights(tiny_workflow):
                    "none (random init)"):
         assert needle in out, f"{needle!r} missing from provenance output:\n{out}"
     assert "CHANGED" not in out and "MISSING" not in out
+
+
+def test_analysis_follows_the_papers_conventions(tiny_workflow):
+    """Signed distances with declared references, the analysis protocol named, the ECE vocabulary, the fairness
+    scatter on by default (from the reliability layer's subgroup table)."""
+    import math
+    r = tiny_workflow / "results"
+    dist = pd.read_csv(r / "analysis/signed_rank_distance.csv")
+    assert {"reference", "comparison", "distance", "meaning"} <= set(dist.columns) and dist["meaning"].str.len().gt(0).all()
+    pairs = dict(zip(dist.loc[dist["family"] == "protocols", "name"], dist.loc[dist["family"] == "protocols",
+                                                                                "reference"]))
+    assert pairs == {"linear vs knn": "linear", "logreg vs knn": "logreg", "linear vs logreg": "linear"}
+    assert (dist["distance"] - (dist["rank_reference"] - dist["rank_comparison"]) / math.sqrt(2)).abs().max() < 1e-5
+    # subset vs rest: the rest is the reference, so an encoder ranking better on the subset is positive
+    ranks = pd.read_parquet(r / "analysis/ranks.parquet")
+    ranks = ranks[(ranks["metric"] == "accuracy") & (ranks["protocol"] == "linear") & (ranks["regime"] == "u-u")]
+    sub = dist[dist["name"] == "oct vs rest"].set_index("encoder")
+    assert set(sub["reference"]) == {"rest"} and set(sub["comparison"]) == {"oct"}
+    for enc, row in sub.iterrows():
+        mine = ranks[ranks["encoder"] == enc]
+        on_oct = mine.loc[mine["task"] == "phantom_oct_dme", "rank"].mean()
+        rest = mine.loc[mine["task"] != "phantom_oct_dme", "rank"].mean()
+        assert row["distance"] == pytest.approx((rest - on_oct) / math.sqrt(2), abs=1e-5)
+    # no fine-tuning in this run: the single-protocol analyses name their fallback
+    top = pd.read_csv(r / "analysis/top_k.csv")
+    assert set(top["protocol"]) == {"linear"} and set(top["protocol_role"]) == {"fallback: finetune not run"}
+    # fairness scatter: on by default, one point per encoder and dataset
+    fair = pd.read_csv(r / "analysis/subgroup_accuracy.csv")
+    points = fair[fair["reason"].isna()]
+    assert set(points["attribute"]) == {"age", "sex"} and set(points["dataset"]) == {"phantom"}
+    assert len(points) == 2 * 2 and (points["n_seeds"] == 2).all()
+    assert (r / "figures/subgroup_accuracy.png").stat().st_size > 10_000
+    # one ECE vocabulary: `ece` (positive class) for binary tasks only, `ece_top_label` everywhere
+    metrics = read_table(r / "metrics.parquet", "metrics")
+    assert set(metrics.loc[metrics["metric"] == "ece", "task"]) == {"phantom_cfp_glaucoma", "phantom_oct_dme",
+                                                                    "phantom_cfp_anydr"}
+    assert set(metrics.loc[metrics["metric"] == "ece_top_label", "task"]) == set(metrics["task"])
+    rel = pd.read_parquet(r / "reliability/metrics.parquet")
+    assert {"y_pred", "none"} <= set(rel["threshold"]) and "argmax" not in set(rel["threshold"])
+    assert set(rel.loc[rel["task"] == "phantom_cfp_dr3", "metric"]) >= {"ece_top_label"}
+    assert "ece" not in set(rel.loc[rel["task"] == "phantom_cfp_dr3", "metric"])
+    assert set(rel["bootstrap_unit"]) == {"patient"}

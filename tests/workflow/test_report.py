@@ -28,7 +28,7 @@ SECTIONS = {"rank_distribution": "1. Ranking", "cd_diagram": "1. Ranking", "rank
             "spearman_protocols": "2. Protocols", "spearman_regimes": "2. Protocols", "srd_protocols": "2. Protocols",
             "ft_lp_gap": "2. Protocols", "srd_subsets": "3. Subsets", "subset_ranks": "3. Subsets",
             "leakage_rank_change": "4. Leakage", "top_k": "4. Leakage", "subgroup_accuracy": "5. Fairness",
-            "lr_sensitivity": "6. Sensitivity", "srd_lr": "6. Sensitivity"}
+            "lr_sensitivity": "6. Sensitivity", "srd_lr": "6. Sensitivity", "lr_transfer": "6. Sensitivity"}
 
 
 def workflow_config(workdir: Path) -> dict:
@@ -119,14 +119,18 @@ def test_finished_run_plans_nothing(work_copy, run_snakemake):
 RULE_OF = {"ranks": "ranks", "rank_figures": "figure_rank_distribution", "tables": "analysis_tables",
            "cd": "critical_difference", "protocol_heatmap": "protocol_heatmap", "agreement": "rank_agreement",
            "distance": "signed_rank_distance", "subsets": "subset_ranks", "leakage": "leakage", "top_k": "top_k",
-           "ft_lp": "ft_lp_gap", "fairness": "fairness", "sensitivity": "lr_sensitivity"}
+           "ft_lp": "ft_lp_gap", "fairness": "fairness", "sensitivity": "lr_sensitivity",
+           "lr_transfer": "lr_transfer"}
 
 
-def analysis_rules(workdir: Path) -> set[str]:
+def analysis_rules(workdir: Path, reading=("metrics", "ranks")) -> set[str]:
+    """Rules of the analysis families this config produces that read one of ``reading`` (the fairness family
+    reads the reliability layer's subgroup table instead)."""
+    from retinabench.stages_analysis import FAMILIES
     config = workflow_config(workdir)
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
-    return {RULE_OF[f] for f in analysis_outputs(ctx, "results")}
+    return {RULE_OF[f] for f in analysis_outputs(ctx, "results") if set(FAMILIES[f].inputs) & set(reading)}
 
 
 def edited_copy(work_copy: Path, dest: Path, analysis_change: dict | None = None) -> Path:
@@ -179,7 +183,9 @@ def test_figure_provenance_reaches_predictions_splits_weights_and_commit(work_co
         for task in p.tasks:
             assert f"results/predictions/frozen/{enc}/{task}.parquet" in out, (enc, task)
     for task in p.tasks:
-        assert f"/{task}.parquet  <- rule split" in out, task
+        assert f"/{task}.parquet  <- rule task_split" in out, task
+    for dataset in p.datasets:  # every task view comes from its dataset's one assignment
+        assert f"results/splits/{dataset}.parquet  <- rule split" in out, dataset
     for needle in ("rule signed_rank_distance", "rule ranks", "rule collect_metrics", "rule frozen",
                    "rule features", "weights:", "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
                    "none (random init)"):

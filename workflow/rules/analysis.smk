@@ -1,8 +1,8 @@
 # Analysis stage: one tidy metrics table -> encoder ranks -> statistics, figures and tables, one job per figure
 # family (never one per task). Which families run is decided from the config alone by
 # retinabench.stages_analysis.analysis_outputs(): a family whose inputs this config does not produce (fewer than
-# three encoders for a Friedman test, no fine-tuning protocol for the FT-LP gap, no subgroup table, ...) has no
-# rule and no target. Figures are report() outputs with a caption (workflow/report/*.rst), grouped by section.
+# three encoders for a Friedman test, no augmented linear probe for the FT-LP gap, no sweep, ...) has no rule and
+# no target. Single-protocol analyses run on fine-tuning when it is ranked, else on analysis.fallback_protocol. Figures are report() outputs with a caption (workflow/report/*.rst), grouped by section.
 from retinabench.stages_analysis import AnalysisContext, analysis_outputs, family_inputs
 
 ANALYSIS = AnalysisContext.from_config(config, REG, encoders=PLAN.encoders, tasks=PLAN.tasks,
@@ -41,6 +41,7 @@ ANALYSIS_RULES = {
     "fairness": ("fairness", {"png": ("subgroup_accuracy", FAIRNESS, "Subgroups")}),
     "sensitivity": ("lr_sensitivity", {"png": ("lr_sensitivity", SENSITIVITY, "Learning rate"),
                                        "png_srd": ("srd_lr", SENSITIVITY, "Learning rate")}),
+    "lr_transfer": ("lr_transfer", {"png": ("lr_transfer", SENSITIVITY, "Learning rate")}),
 }
 
 

@@ -1,9 +1,11 @@
-"""Per-encoder bar panels: signed rank distances (with Kruskal–Wallis p-values), leakage rank changes (coloured by
-exposure likelihood), top-k rankings and learning-rate sensitivity. Encoders on the y axis, one shared order."""
+"""Bar panels: signed rank distances as in OcularBench (bars of the group mean per pretraining domain or model-size
+class, each encoder overlaid as a point, groups ordered by size, Kruskal–Wallis p), leakage rank changes (coloured by
+exposure likelihood), top-k rankings and learning-rate sensitivity (coloured by model size). Per-encoder panels put
+the encoders on the y axis in one shared order."""
 from __future__ import annotations
 
-from retinabench.figures.style import (LIKELIHOOD_COLORS, color_ticklabels, domain_handles,  # noqa: I001
-                                       encoder_colors, save)
+from retinabench.figures.style import (LIKELIHOOD_COLORS, SIZE_COLORS, color_ticklabels,  # noqa: I001
+                                       domain_handles, encoder_colors, group_color, save, size_color)
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -27,39 +29,61 @@ def _panel_grid(n_panels: int, n_enc: int, width: float = 2.6, max_cols: int = 4
     return fig, axes
 
 
+GROUP_TITLES = {"domain": "pretraining domain", "size_class": "model size", "method": "pretraining method"}
+
+
 def distance_bars(distances: pd.DataFrame, kruskal: pd.DataFrame, encoders: dict[str, dict], out_png, *,
-                  order: list[str], title: str | None = None) -> list[str]:
-    """One panel per comparison: signed rank distance per encoder, coloured by pretraining domain; the panel
-    title gives the Kruskal–Wallis p-values across domains and across methods."""
-    comparisons = list(dict.fromkeys(distances["comparison"]))
-    if not comparisons:
+                  group_by: str = "domain", title: str | None = None, label_points: int = 12) -> list[str]:
+    """One panel per comparison, as the paper's figures: a bar per encoder group (``group_by``: pretraining domain,
+    or ``size_class`` for the learning-rate figure) at the group's mean signed distance, every encoder overlaid as
+    a point, groups ordered by size (largest first); the panel title gives the Kruskal–Wallis p across those
+    groups. Distances follow stats.distance: (rank_reference − rank_comparison)/√2, positive = better under the
+    comparison (the axis label names both sides). Points are labelled when a panel has ≤ ``label_points``."""
+    from retinabench.stats.distance import group_means
+    names = list(dict.fromkeys(distances["name"]))
+    if not names:
         raise ValueError("distance_bars: empty distance table")
-    fig, axes = _panel_grid(len(comparisons), len(order))
-    lim = max(0.5, float(np.nanmax(np.abs(distances["distance"])))) * 1.1
-    y = np.arange(len(order))
-    for ax, name in zip(axes.ravel(), comparisons):
-        d = distances[distances["comparison"] == name].set_index("encoder")
-        missing = [e for e in order if e not in d.index]
-        if missing:
-            raise ValueError(f"distance_bars: comparison {name!r} lacks encoders {missing}")
-        vals = d.loc[order, "distance"].to_numpy()
-        ax.barh(y, vals, color=encoder_colors(encoders, order), height=0.7)
-        ax.axvline(0, color="black", lw=0.8)
-        ax.set_xlim(-lim, lim)
-        kw = kruskal[kruskal["comparison"] == name].set_index("group_by")
-        ps = ", ".join(f"{g} p={_fmt_p(kw.loc[g, 'p'])}" for g in kw.index)
-        ax.set_title(f"{name}\nKW {ps}" if ps else name, fontsize=8.5)
-        ax.set_xlabel("(rank A − rank B)/√2  →  worse under A")
-        ax.grid(axis="x", alpha=0.3)
-    ax0 = axes[0, 0]
-    ax0.set_yticks(y, order)
-    ax0.set_ylim(len(order) - 0.5, -0.5)
-    for row in axes:
-        color_ticklabels(row[0].get_yticklabels(), encoders)
+    if group_by not in distances.columns:
+        raise KeyError(f"distance_bars: the distance table has no {group_by!r} column (add it with with_groups)")
+    n_groups = max(distances.groupby("name")[group_by].nunique())
+    cols = min(len(names), 3)
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False, layout="constrained",
+                             figsize=(0.8 + cols * max(3.0, 0.75 * n_groups + 1.4), rows * 3.5 + 0.6))
+    for ax in axes.ravel()[len(names):]:
+        ax.set_visible(False)
+    lim = max(0.5, float(np.nanmax(np.abs(distances["distance"])))) * 1.15
+    for ax, name in zip(axes.ravel(), names):
+        d = distances[distances["name"] == name].set_index("encoder")
+        ref, cmp_ = d["reference"].iloc[0], d["comparison"].iloc[0]
+        g = group_means(d["distance"], d[group_by])
+        x = np.arange(len(g))
+        ax.bar(x, g["mean"], width=0.7, color=[group_color(group_by, v) for v in g["group"]], alpha=0.85,
+               edgecolor="0.25", lw=0.6, zorder=1)
+        for xi, group in zip(x, g["group"]):
+            members = d[d[group_by] == group].sort_values("distance")
+            k = len(members)
+            offsets = np.linspace(-0.22, 0.22, k) if k > 1 else np.zeros(1)
+            ax.scatter(xi + offsets, members["distance"], s=22, c="white", edgecolors="black", linewidths=0.8,
+                       zorder=3)
+            if len(d) <= label_points:
+                for off, (enc, v) in zip(offsets, members["distance"].items()):
+                    ax.annotate(enc, (xi + off, v), xytext=(4, 0), textcoords="offset points", fontsize=6,
+                                va="center", zorder=4)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylim(-lim, lim)
+        ax.set_xticks(x, [f"{v}\n(n={n})" for v, n in zip(g["group"], g["n"])], rotation=30, ha="right",
+                      rotation_mode="anchor")
+        kw = kruskal[(kruskal["name"] == name) & (kruskal["group_by"] == group_by)]
+        p = _fmt_p(float(kw["p"].iloc[0])) if len(kw) else "n/a"
+        note = f" ({kw['note'].iloc[0]})" if len(kw) and isinstance(kw["note"].iloc[0], str) and kw["note"].iloc[0] \
+            else ""
+        ax.set_title(f"{name}\nKruskal–Wallis across {GROUP_TITLES.get(group_by, group_by)}: p = {p}{note}",
+                     fontsize=8.5)
+        ax.set_ylabel(f"(rank {ref} − rank {cmp_})/√2\n↑ better relative rank under {cmp_}", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
     if title:
-        fig.suptitle(title)
-    fig.legend(handles=domain_handles(encoders, order), title="pretraining domain", frameon=False,
-               loc="outside lower center", ncol=7)
+        fig.suptitle(title + "\nbars: group mean; points: encoders; groups ordered by size")
     paths = save(fig, out_png)
     plt.close(fig)
     return paths
@@ -67,8 +91,8 @@ def distance_bars(distances: pd.DataFrame, kruskal: pd.DataFrame, encoders: dict
 
 def leakage_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, order: list[str],
                  labels: dict[str, str], title: str | None = None) -> list[str]:
-    """One panel per leakage subset: each encoder's signed position change (subset − all tasks), coloured by
-    exposure likelihood (known / possible / unlikely)."""
+    """One panel per leakage subset: each encoder's signed position change (all tasks − subset: positive =
+    improved rank on the restricted benchmark), coloured by exposure likelihood (known / possible / unlikely)."""
     subsets = list(dict.fromkeys(table["subset"]))
     if not subsets:
         raise ValueError("leakage_bars: empty leakage table")
@@ -86,7 +110,7 @@ def leakage_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, ord
         ax.set_xlim(-lim, lim)
         n, n_all = int(d["n_tasks"].iloc[0]), int(d["n_tasks_all"].iloc[0])
         ax.set_title(f"{labels.get(name, name)}\n{n} of {n_all} tasks kept", fontsize=9)
-        ax.set_xlabel("position change (subset − all)\n→ drops without exposed tasks")
+        ax.set_xlabel("position change (all tasks − subset)\n→ improved rank on the subset")
         ax.grid(axis="x", alpha=0.3)
     axes[0, 0].set_yticks(y, order)
     axes[0, 0].set_ylim(len(order) - 0.5, -0.5)
@@ -137,8 +161,9 @@ def top_k_panels(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, tit
 
 def sensitivity_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, order: list[str], xlabel: str,
                      title: str | None = None) -> list[str]:
-    """Per encoder: mean ± sd over tasks of the test-score drop from optimal to sub-optimal learning rate; one
-    panel per protocol (column ``protocol``; a single panel without it)."""
+    """Per encoder: mean ± sd over tasks of the test-score drop from optimal to sub-optimal learning rate, bars
+    coloured by model-size class (registry ``size_class``; OcularBench Fig. 12); one panel per protocol (column
+    ``protocol``; a single panel without it)."""
     table = table if "protocol" in table.columns else table.assign(protocol="")
     protocols = list(dict.fromkeys(table["protocol"]))
     fig, axes = _panel_grid(len(protocols), len(order), width=3.2)
@@ -146,7 +171,8 @@ def sensitivity_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *,
     for ax, protocol in zip(axes.ravel(), protocols):
         d = table[table["protocol"] == protocol].set_index("encoder").reindex(order)
         ax.barh(y, d["mean_drop"].to_numpy(), xerr=d["sd_drop"].fillna(0).to_numpy(),
-                color=encoder_colors(encoders, order), height=0.7, error_kw={"lw": 0.8, "capsize": 2})
+                color=[size_color(encoders.get(e, {}).get("size_class")) for e in order], edgecolor="0.3",
+                linewidth=0.5, height=0.7, error_kw={"lw": 0.8, "capsize": 2})
         for yy in y[d["mean_drop"].isna().to_numpy()]:
             ax.text(0, yy, " not swept", va="center", fontsize=7, color="#666666")
         ax.axvline(0, color="black", lw=0.8)
@@ -155,10 +181,9 @@ def sensitivity_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *,
         ax.grid(axis="x", alpha=0.3)
     axes[0, 0].set_yticks(y, order)
     axes[0, 0].set_ylim(len(order) - 0.5, -0.5)
-    for row in axes:
-        color_ticklabels(row[0].get_yticklabels(), encoders)
-    fig.legend(handles=domain_handles(encoders, order), title="pretraining domain", frameon=False,
-               loc="outside lower center", ncol=7)
+    present = {encoders.get(e, {}).get("size_class") for e in order}
+    fig.legend(handles=[Patch(facecolor=SIZE_COLORS[k], edgecolor="0.3", label=k) for k in SIZE_COLORS
+                        if k in present], title="model size", frameon=False, loc="outside lower center", ncol=5)
     if title:
         fig.suptitle(title)
     paths = save(fig, out_png)

@@ -45,6 +45,12 @@ def _placeholder(png, title: str, message: str) -> list[str]:
     return paths
 
 
+def _unit(df: pd.DataFrame) -> str:
+    """The bootstrap resampling unit the table records (reliability.bootstrap.unit), for figure titles."""
+    units = sorted(set(df["bootstrap_unit"].dropna())) if "bootstrap_unit" in df.columns and len(df) else []
+    return "/".join(units) or "patient"
+
+
 def _sel_text(sel: dict) -> str:
     return f"{sel.get('source', 'frozen')} {sel['protocol']}, regime {sel['regime']}, seed {sel['seed']}"
 
@@ -72,8 +78,10 @@ def reliability_diagrams(tables: dict, encoders: dict, png, sel: dict) -> list[s
             c = cal[(cal["task"] == task) & (cal["encoder"] == enc)]
             if len(c):
                 r = c.iloc[0]
-                ax.text(0.03, 0.97, f"ECE {r['ece_before']:.3f}→{r['ece_after']:.3f}\nT={r['temperature']:.2f}, "
-                        f"n={r['n']}", transform=ax.transAxes, va="top", fontsize=7)
+                # one ECE vocabulary: binary `ece` (positive class), multi-class `ece_top_label`
+                key = "ece" if pd.notna(r["ece_before"]) else "ece_top_label"
+                ax.text(0.03, 0.97, f"{key} {r[f'{key}_before']:.3f}→{r[f'{key}_after']:.3f}\n"
+                        f"T={r['temperature']:.2f}, n={r['n']}", transform=ax.transAxes, va="top", fontsize=7)
             if i == 0:
                 ax.set_title(enc, fontsize=8)
             if j == 0:
@@ -83,7 +91,8 @@ def reliability_diagrams(tables: dict, encoders: dict, png, sel: dict) -> list[s
             ax.set_xlim(0, 1)
             ax.set_ylim(0, 1)
     axes[0, -1].legend(loc="lower right", fontsize=7, frameon=False)
-    fig.suptitle(title + "\nbinary: positive-class probability; multi-class: top-label confidence", fontsize=9)
+    fig.suptitle(title + "\nbinary: positive-class probability (ece); multi-class: top-label confidence "
+                         "(ece_top_label)", fontsize=9)
     paths = save(fig, png)
     plt.close(fig)
     return paths
@@ -91,7 +100,8 @@ def reliability_diagrams(tables: dict, encoders: dict, png, sel: dict) -> list[s
 
 def gap_plot(tables: dict, encoders: dict, png, sel: dict) -> list[str]:
     gaps = _select(tables["gaps"], sel, threshold=sel["threshold"])
-    title = f"Subgroup gaps with 95% patient-bootstrap CIs ({_sel_text(sel)}, threshold {sel['threshold']})"
+    title = (f"Subgroup gaps with 95% {_unit(gaps)}-bootstrap CIs ({_sel_text(sel)}, threshold "
+             f"{sel['threshold']})")
     if gaps.empty:
         return _placeholder(png, title, "no predictions for this selection")
     attrs = list(dict.fromkeys(gaps["attribute"]))
@@ -102,11 +112,13 @@ def gap_plot(tables: dict, encoders: dict, png, sel: dict) -> list[str]:
     for i, attr in enumerate(attrs):
         ga = gaps[gaps["attribute"] == attr]
         cells = ga[["task", "encoder"]].drop_duplicates().sort_values(["task", "encoder"]).to_numpy().tolist()
-        for j, (mname, signed) in enumerate(((metric, True), ("equalized_odds", False))):
+        # fairness attributes: equalized odds beside the metric; quality strata (FOCUS): their ECE gap
+        second = "ece" if (ga["kind"] == "quality").all() else "equalized_odds"
+        for j, (mname, signed) in enumerate(((metric, True), (second, False))):
             ax = axes[i, j]
             for k, (task, enc) in enumerate(cells):
                 row = ga[(ga["task"] == task) & (ga["encoder"] == enc)
-                         & ga["metric"].isin([mname, f"{mname}_macro"])]
+                         & ga["metric"].isin([mname, f"{mname}_macro", f"{mname}_top_label"])]
                 color = domain_color(encoder_domain(encoders, enc))
                 if row.empty or bool(row.iloc[0]["skipped"]):
                     reason = "no row" if row.empty else str(row.iloc[0]["reason"])
@@ -129,7 +141,8 @@ def gap_plot(tables: dict, encoders: dict, png, sel: dict) -> list[str]:
             gtxt = ""
             if len(ga) and pd.notna(ga.iloc[0].get("group_a")):
                 gtxt = f" ({ga.iloc[0]['group_b']} − {ga.iloc[0]['group_a']})" if signed else ""
-            ax.set_title(f"{attr}: {'difference in ' + mname if signed else 'equalized-odds gap'}{gtxt}", fontsize=8)
+            label = "equalized-odds gap" if mname == "equalized_odds" else f"{mname} gap"
+            ax.set_title(f"{attr}: {'difference in ' + mname if signed else label}{gtxt}", fontsize=8)
     fig.suptitle(title + "\ndiamond: signed CI excludes 0", fontsize=9)
     paths = save(fig, png)
     plt.close(fig)
@@ -175,7 +188,8 @@ def subgroup_scatter(tables: dict, encoders: dict, png, sel: dict) -> list[str]:
     handles = [Line2D([], [], marker=markers[i % 10], ls="", color="0.3", label=t) for i, t in enumerate(tasks)]
     handles += style.domain_handles(encoders, sorted(sub["encoder"].unique()))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=7, frameon=False)
-    fig.suptitle(title + "\nhollow: a group below the minimum size; bars: 95% patient-bootstrap CIs", fontsize=9)
+    fig.suptitle(title + f"\nhollow: a group below the minimum size; bars: 95% {_unit(sub)}-bootstrap CIs",
+                 fontsize=9)
     paths = save(fig, png)
     plt.close(fig)
     return paths
@@ -218,7 +232,7 @@ def transfer_bars(tables: dict, encoders: dict, png, sel: dict) -> list[str]:
         ax.set_ylabel("test AUROC")
         ax.set_title(f"target {target} (n={int(mt['n'].max())})\nsolid: ID; hatched: trained on "
                      + ", ".join(s for s in sources if s != target), fontsize=8)
-    fig.suptitle(f"{title}, {protocol}; 95% patient-bootstrap CIs", fontsize=9)
+    fig.suptitle(f"{title}, {protocol}; 95% {_unit(m)}-bootstrap CIs", fontsize=9)
     paths = save(fig, png)
     plt.close(fig)
     return paths

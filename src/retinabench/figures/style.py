@@ -42,6 +42,21 @@ matplotlib.rcParams.update({"font.size": 9, "axes.titlesize": 10, "axes.labelsiz
                             "pdf.compression": 6})
 
 LIKELIHOOD_COLORS = {"known": "#C44E52", "possible": "#DD8452", "unlikely": "#4C72B0"}
+# Model-size classes (encoder registry `size_class`), light to dark: the learning-rate figures colour by size.
+SIZE_COLORS = {"tiny": "#C7E9B4", "small": "#7FCDBB", "base": "#41B6C4", "large": "#2C7FB8", "huge": "#253494"}
+
+
+def size_color(size_class: str | None) -> str:
+    return SIZE_COLORS.get(size_class or "", "#8C8C8C")
+
+
+def group_color(group_by: str, value: str | None) -> str:
+    """Colour of an encoder group: pretraining domain or model-size class (others: grey)."""
+    if group_by == "domain":
+        return domain_color(value)
+    if group_by == "size_class":
+        return size_color(value)
+    return "#8C8C8C"
 
 
 def encoder_domain(encoders: dict[str, dict], name: str) -> str | None:

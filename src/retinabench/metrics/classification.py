@@ -1,15 +1,25 @@
 """Classification metrics from predictions: accuracy, balanced accuracy, macro AUROC (one-vs-rest), macro AUPRC
-(average precision), macro F1, Cohen's kappa (quadratic for ordinal tasks), top-label ECE (10 equal-width bins).
+(average precision), macro F1, Cohen's kappa (quadratic for ordinal tasks) and calibration error.
+
+Hard-decision metrics (accuracy, balanced accuracy, F1, kappa) come from the ``y_pred`` each protocol wrote, as
+written: a protocol whose decision is not the argmax of its probabilities (a parsed MLLM answer, a validation-chosen
+threshold) is scored on its own decision. Probability metrics (AUROC, AUPRC, ECE) come from the ``p_<class>``
+columns.
+
+ECE vocabulary (the same in every table of the benchmark): ``ece`` is the positive-class ECE of binary tasks (the
+binned gap between P(y = positive) and p_pos; FOCUS), ``ece_top_label`` the top-label ECE (top-label accuracy vs
+top-label confidence). Binary tasks report both, multi-class tasks ``ece_top_label`` only. Both use 10 equal-width
+bins, bin i holding (i/10, (i+1)/10] and 0 going to bin 0.
 
 For binary tasks AUROC and AUPRC use the positive (second) class's probability, which is what their macro
 one-vs-rest forms reduce to for AUROC; for AUPRC it is the standard binary average precision.
 
-Predictions that carry a generated ``answer`` (the MLLM protocols) take their hard decisions from the table's
-``y_pred`` as written (the parsed answer), not from the probabilities; an invalid answer is ``y_pred = -1``
-(:data:`INVALID_PRED`) and counts as wrong in every hard-decision metric: accuracy, balanced accuracy (a miss of
-its true class), macro F1 (a false negative of its true class, a false positive of none) and kappa (a category of
-its own that agrees with no class; weight 1 = maximal disagreement against every class). Such tables also get
-``invalid_rate`` (n = all rows) and ``accuracy_valid`` (accuracy over the valid answers; n = their count).
+Predictions that carry a generated ``answer`` (the MLLM protocols) may hold invalid answers: ``y_pred = -1``
+(:data:`INVALID_PRED`), kept, never dropped. An invalid answer counts as wrong in every hard-decision metric:
+accuracy, balanced accuracy (a miss of its true class), macro F1 (a false negative of its true class, a false
+positive of none) and kappa (a category of its own that agrees with no class; weight 1 = maximal disagreement
+against every class). Such tables also get ``invalid_rate`` (n = all rows) and ``accuracy_valid`` (accuracy over
+the valid answers; n = their count). A table without an ``answer`` column may not hold the invalid code.
 """
 from __future__ import annotations
 
@@ -18,7 +28,8 @@ import pandas as pd
 from sklearn import metrics as skm
 
 GROUP_KEYS = ["dataset", "task", "encoder", "protocol", "seed", "regime", "split"]
-METRIC_NAMES = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece")
+METRIC_NAMES = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece", "ece_top_label")
+N_BINS = 10
 # Generated-answer predictions (an ``answer`` column): the invalid-answer code and the metrics they add.
 INVALID_PRED = -1
 ANSWER_METRIC_NAMES = ("invalid_rate", "accuracy_valid")
@@ -46,6 +57,11 @@ def expected_calibration_error(y_true: np.ndarray, proba: np.ndarray, n_bins: in
     return binned_calibration_error(correct, proba.max(axis=1), n_bins)
 
 
+def positive_class_ece(y_true: np.ndarray, p_pos: np.ndarray, n_bins: int = N_BINS) -> float:
+    """Binary ECE of the positive-class probability against the outcome y == 1 (FOCUS)."""
+    return binned_calibration_error((np.asarray(y_true) == 1).astype(float), p_pos, n_bins)
+
+
 def kappa_with_invalid(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int, *, ordinal: bool) -> float:
     """Cohen's kappa (quadratic weights for ordinal tasks) with invalid predictions (``INVALID_PRED``) as an
     extra category whose disagreement weight with every class is 1 (the maximum); equals sklearn's
@@ -66,26 +82,34 @@ def kappa_with_invalid(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int, *
     return float(1.0 - (w * observed).sum() / denom) if denom > 0 else float("nan")
 
 
-def classification_metrics(y_true: np.ndarray, proba: np.ndarray, *, ordinal: bool,
-                           y_pred: np.ndarray | None = None) -> dict[str, float]:
-    """All metrics of one group. ``y_pred``: hard decisions as written in the predictions (generated answers,
-    ``INVALID_PRED`` for an invalid one); default the argmax of ``proba``. With ``y_pred`` given the result also
-    holds ``invalid_rate``, ``accuracy_valid`` and ``n_valid``."""
+def metric_names(n_classes: int) -> tuple[str, ...]:
+    """Metrics reported for a task with ``n_classes`` classes (multi-class: no positive-class ``ece``)."""
+    return METRIC_NAMES if n_classes == 2 else tuple(m for m in METRIC_NAMES if m != "ece")
+
+
+def classification_metrics(y_true: np.ndarray, proba: np.ndarray, y_pred: np.ndarray, *,
+                           ordinal: bool, answered: bool = False) -> dict[str, float]:
+    """Metrics of one evaluated group: hard-decision metrics from ``y_pred`` (as written), the rest from
+    ``proba``; keys :func:`metric_names`. ``answered``: generated-answer predictions, ``y_pred`` may hold
+    ``INVALID_PRED``; the result also holds ``invalid_rate``, ``accuracy_valid`` and ``n_valid``."""
     y_true = np.asarray(y_true)
     proba = np.asarray(proba, dtype=float)
+    y_pred = np.asarray(y_pred)
     n_classes = proba.shape[1]
     labels = np.arange(n_classes)
+    if y_pred.shape != y_true.shape:
+        raise ValueError(f"y_pred has shape {y_pred.shape}, y_true {y_true.shape}")
     present = np.unique(y_true)
-    if y_pred is None:
-        y_pred = proba.argmax(axis=1)
+    if not answered:
         out = {
             "accuracy": skm.accuracy_score(y_true, y_pred),
             "balanced_accuracy": skm.balanced_accuracy_score(y_true, y_pred),
             "f1_macro": skm.f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0),
-            "kappa": skm.cohen_kappa_score(y_true, y_pred, labels=labels, weights="quadratic" if ordinal else None),
+            "kappa": skm.cohen_kappa_score(y_true, y_pred, labels=labels,
+                                           weights="quadratic" if ordinal else None),
         }
     else:
-        y_pred = np.asarray(y_pred, dtype=np.int64)
+        y_pred = y_pred.astype(np.int64)
         bad = sorted(set(np.unique(y_pred).tolist()) - set(labels.tolist()) - {INVALID_PRED})
         if bad:
             raise ValueError(f"y_pred values {bad} are neither a class index (0..{n_classes - 1}) nor the "
@@ -103,7 +127,9 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, *, ordinal: bo
             "accuracy_valid": float(correct[valid].mean()) if valid.any() else float("nan"),
             "n_valid": int(valid.sum()),
         }
-    out["ece"] = expected_calibration_error(y_true, proba)
+    out["ece_top_label"] = expected_calibration_error(y_true, proba, N_BINS)
+    if n_classes == 2:
+        out["ece"] = positive_class_ece(y_true, proba[:, 1], N_BINS)
     if len(present) < 2:  # ranking metrics are undefined with one class present
         out["auroc"] = out["auprc"] = float("nan")
     elif n_classes == 2:
@@ -119,6 +145,9 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, *, ordinal: bo
 
 def metrics_table(predictions: pd.DataFrame, tasks: dict[str, dict]) -> pd.DataFrame:
     """Tidy metrics (one row per group × metric) from a predictions table of any protocol."""
+    unknown = sorted(set(predictions["task"]) - set(tasks))
+    if unknown:
+        raise KeyError(f"predictions have task(s) {unknown} without a task registry entry (given {sorted(tasks)})")
     rows = []
     for key, grp in predictions.groupby(GROUP_KEYS, sort=True):
         task = tasks[key[1]]
@@ -126,11 +155,21 @@ def metrics_table(predictions: pd.DataFrame, tasks: dict[str, dict]) -> pd.DataF
         missing = [c for c in pcols if c not in grp.columns]
         if missing:
             raise KeyError(f"predictions for task {key[1]} lack probability columns {missing}")
+        where = ", ".join(f"{k} {v!r}" for k, v in zip(GROUP_KEYS, key))
         answered = "answer" in grp.columns  # generated answers: hard decisions as written, invalid = -1
-        values = classification_metrics(grp["y_true"].to_numpy(), grp[pcols].to_numpy(), ordinal=task["ordinal"],
-                                        y_pred=grp["y_pred"].to_numpy() if answered else None)
+        for col in ("y_true", "y_pred"):
+            if grp[col].isna().any():
+                raise ValueError(f"predictions ({where}): {int(grp[col].isna().sum())} rows without {col}")
+            allowed = set(range(len(pcols))) | ({INVALID_PRED} if answered and col == "y_pred" else set())
+            bad = sorted(set(grp[col].astype(int)) - allowed)
+            if bad:
+                raise ValueError(f"predictions ({where}): {col} values {bad} are not class indices of the task's "
+                                 f"{len(pcols)} classes {list(task['classes'])}")
+        values = classification_metrics(grp["y_true"].to_numpy(dtype=int), grp[pcols].to_numpy(),
+                                        grp["y_pred"].to_numpy(dtype=int), ordinal=task["ordinal"],
+                                        answered=answered)
         base = dict(zip(GROUP_KEYS, key))
-        for metric in METRIC_NAMES:
+        for metric in metric_names(len(pcols)):
             rows.append({**base, "metric": metric, "value": values[metric], "n": len(grp)})
         if answered:
             rows.append({**base, "metric": "invalid_rate", "value": values["invalid_rate"], "n": len(grp)})

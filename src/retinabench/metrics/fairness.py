@@ -1,25 +1,27 @@
 """Subgroups, fairness and image-quality gaps with patient-clustered bootstrap CIs, and the summary scores.
 
 Attributes (config ``reliability.attributes`` / ``reliability.quality``) are data: a manifest column and either
-a cut (``median``: split at the median of the analysed rows, FOCUS; a number: ``<c`` / ``>=c``, OcularBench's
-60 years) or a list of groups (sex: female / male; quality: good / poor). Rows whose value is missing or outside
-the groups are excluded from that attribute and counted.
+a cut (``median``: FOCUS's median split of the analysed rows, ages *above* the median (``>median``) vs the rest
+(``<=median``), so ties at the median stay with the lower group; a number: ``<c`` / ``>=c``, OcularBench's 60 years)
+or a list of groups (sex: female / male; quality: good / poor). Rows whose value is missing or outside the groups
+are excluded from that attribute and counted.
 
-Per group: predicted-positive rate (binary only), accuracy, TPR, FPR, AUROC (macro one-vs-rest TPR/FPR/AUROC
-for multi-class tasks). Gaps are absolute differences between the two groups (max − min with more groups);
-equalized-odds gap = max(TPR gap, FPR gap). A gap is skipped, with the reason recorded, when the attribute has
+Fairness attributes, per group: predicted-positive rate (binary only), accuracy, TPR, FPR, AUROC (macro
+one-vs-rest TPR/FPR/AUROC for multi-class tasks); equalized-odds gap = max(TPR gap, FPR gap). Quality strata
+(FOCUS's quality robustness), per group: accuracy, AUROC, AUPRC, F1 and ECE (multi-class: macro AUROC/AUPRC/F1 and
+top-label ECE). Gaps are absolute differences between the two groups (max − min with more groups). A gap is skipped, with the reason recorded, when the attribute has
 no values, fewer than two groups, a group below the minimum size (fairness 10, quality 5 rows), or a group
 without the positives/negatives the metric needs. Never silently.
 
-CIs: patients of the analysed rows are resampled with replacement (stats.bootstrap.cluster_weights); each
-replicate recomputes every group's metric on the same draw. ``ci_low``/``ci_high`` are the percentile interval
+CIs: patients (or images, setting ``reliability.bootstrap.unit``) of the analysed rows are resampled with
+replacement (stats.bootstrap.cluster_weights); each replicate recomputes every group's metric on the same draw. ``ci_low``/``ci_high`` are the percentile interval
 of the absolute gap; for two groups ``diff_ci_*`` is the interval of the signed difference (group b − group a),
 and ``flagged`` says it excludes 0 (for equalized odds: the TPR or the FPR difference does). The interval of an
 absolute gap never contains 0 in a strict sense, so only the signed interval is a test.
 
 Summary scores (formulas also in docs/reliability.md and each score row's ``formula``):
   Fairness = 1 − mean of the available {equalized-odds, accuracy, AUROC} gaps over the score's attributes;
-  Quality  = 1 − mean of the available {equalized-odds, accuracy, AUROC} gaps across quality strata;
+  Quality  = 1 − mean of the available {accuracy, AUROC, AUPRC, F1, ECE} gaps across quality strata;
   Shift    = 1 − (max − min) over datasets sharing a harmonised task of the per-dataset mean test AUROC.
 """
 from __future__ import annotations
@@ -34,7 +36,10 @@ from retinabench.stats.bootstrap import cluster_weights, percentile_ci, weighted
 
 GAP_METRICS_BINARY = ("ppr", "accuracy", "tpr", "fpr", "auroc")
 GAP_METRICS_MULTI = ("accuracy", "tpr_macro", "fpr_macro", "auroc_macro")
-SCORE_COMPONENTS = ("equalized_odds", "accuracy", "auroc")
+QUALITY_METRICS_BINARY = ("accuracy", "auroc", "auprc", "f1", "ece")
+QUALITY_METRICS_MULTI = ("accuracy", "auroc_macro", "auprc_macro", "f1_macro", "ece_top_label")
+SCORE_COMPONENTS = {"fairness": ("equalized_odds", "accuracy", "auroc"),
+                    "quality": ("accuracy", "auroc", "auprc", "f1", "ece")}
 # Columns of the rows subgroup_analysis returns (a table has them all even when every gap was skipped).
 GROUP_FIELDS = ["attribute", "kind", "cut", "group", "metric", "value", "ci_low", "ci_high", "n", "n_patients",
                 "n_pos", "below_min_size", "reason"]
@@ -43,7 +48,7 @@ GAP_FIELDS = ["attribute", "kind", "cut", "metric", "group_a", "group_b", "value
               "skipped", "reason"]
 FORMULAS = {
     "fairness": "1 - mean({equalized_odds, accuracy, auroc} gaps over available fairness attributes)",
-    "quality": "1 - mean({equalized_odds, accuracy, auroc} gaps across image-quality strata)",
+    "quality": "1 - mean({accuracy, auroc, auprc, f1, ece} gaps across image-quality strata)",
     "shift": "1 - (max - min) over datasets sharing the harmonised task of the per-dataset mean test AUROC",
 }
 
@@ -96,13 +101,15 @@ def assign_groups(frame: pd.DataFrame, attr: Attribute) -> tuple[pd.Series, dict
             raise ValueError(f"attribute {attr.name!r}: column {attr.column!r} has non-numeric values "
                              f"{sorted(values[known & num.isna()].astype(str).unique())[:5]}")
         if attr.cut == "median":
+            # FOCUS: above the median vs the rest (ties at the median go with the rest)
             cut = float(num[known].median())
-            lo, hi = "<median", ">=median"
+            lo, hi = "<=median", ">median"
+            labels[known] = np.where(num[known] > cut, hi, lo)
         else:
             cut = float(attr.cut)
             lo, hi = f"<{cut:g}", f">={cut:g}"
+            labels[known] = np.where(num[known] < cut, lo, hi)
         info["cut"] = cut
-        labels[known] = np.where(num[known] < cut, lo, hi)
         info["groups"] = [lo, hi]
     else:
         vals = values[known].astype(str)
@@ -119,7 +126,9 @@ def assign_groups(frame: pd.DataFrame, attr: Attribute) -> tuple[pd.Series, dict
     return labels, info
 
 
-def _gap_metrics(binary: bool) -> tuple[str, ...]:
+def _gap_metrics(binary: bool, kind: str = "fairness") -> tuple[str, ...]:
+    if kind == "quality":
+        return QUALITY_METRICS_BINARY if binary else QUALITY_METRICS_MULTI
     return GAP_METRICS_BINARY if binary else GAP_METRICS_MULTI
 
 
@@ -132,13 +141,19 @@ def _requirement(metric: str, binary: bool, y: np.ndarray) -> str | None:
         return "no negative rows"
     if base == "auroc" and len(np.unique(y)) < 2:
         return "one class only"
+    if base == "auprc" and binary and not (y == 1).any():
+        return "no positive rows"
+    if base == "auprc" and len(np.unique(y)) < 2:
+        return "one class only"
     return None
 
 
 def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribute, info: dict, *,
-                      n_boot: int, rng: np.random.Generator, level: float = 0.95
+                      n_boot: int, rng: np.random.Generator, level: float = 0.95, clusters=None
                       ) -> tuple[list[dict], list[dict]]:
     """(group rows, gap rows) for one attribute on one set of evaluated rows under one decision rule.
+
+    ``clusters``: the bootstrap's resampling unit per row (default: ``patients``; image ids resample images).
 
     Group rows: attribute, group, metric, value, ci_low, ci_high, n, n_patients, n_pos. Gap rows: attribute,
     metric, group_a, group_b, value_a, value_b, n_a, n_b, gap, ci_low, ci_high, difference, diff_ci_low,
@@ -148,8 +163,9 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
     proba = np.asarray(proba, dtype=np.float64)
     pred = np.asarray(pred, dtype=np.int64)
     binary = proba.shape[1] == 2
-    metrics = _gap_metrics(binary)
-    gap_names = [*metrics, "equalized_odds"] + ([] if binary else ["ppr"])
+    quality = attr.kind == "quality"
+    metrics = _gap_metrics(binary, attr.kind)
+    gap_names = [*metrics] if quality else [*metrics, "equalized_odds"] + ([] if binary else ["ppr"])
     base_gap = {"attribute": attr.name, "kind": attr.kind, "cut": info.get("cut"), "n_boot": n_boot}
 
     def skipped_all(reason: str, groups=None) -> list[dict]:
@@ -171,7 +187,7 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
     # Rows of the analysed (known) part only; patients are resampled among them.
     yk, pk, prk, labk = y[known], proba[known], pred[known], lab[known]
     patk = np.asarray(patients, dtype=object)[known]
-    W = cluster_weights(patk, n_boot, rng)
+    W = cluster_weights(np.asarray(patients if clusters is None else clusters, dtype=object)[known], n_boot, rng)
     group_rows, point, reps = [], {}, {}
     for g in groups:
         m = labk == g
@@ -220,6 +236,8 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
         row |= {"gap": gap, "ci_low": lo, "ci_high": hi, "n_valid": n_valid, "skipped": False, "reason": ""}
         gap_rows.append(row)
         per_metric[metric] = {"gap": gap, "greps": greps, "dreps": dreps, "flagged": row["flagged"]}
+    if quality:
+        return group_rows, gap_rows
     tpr, fpr = ("tpr", "fpr") if binary else ("tpr_macro", "fpr_macro")
     eo = {**base_gap, "metric": "equalized_odds", "group_a": ga if two else ",".join(groups),
           "group_b": gb if two else None}
@@ -243,9 +261,9 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
 # --------------------------------------------------------------------------------------------------------------
 # summary scores
 # --------------------------------------------------------------------------------------------------------------
-def _component(metric: str) -> str | None:
-    base = metric.removesuffix("_macro")
-    return base if base in SCORE_COMPONENTS else None
+def _component(metric: str, kind: str) -> str | None:
+    base = metric.removesuffix("_macro").removesuffix("_top_label")
+    return base if base in SCORE_COMPONENTS[kind] else None
 
 
 def gap_score(gaps: pd.DataFrame, attributes: list[str] | None, kind: str) -> dict:
@@ -256,7 +274,7 @@ def gap_score(gaps: pd.DataFrame, attributes: list[str] | None, kind: str) -> di
     g = gaps[gaps["kind"] == kind]
     if attributes is not None:
         g = g[g["attribute"].isin(attributes)]
-    g = g[g["metric"].map(_component).notna()]
+    g = g[g["metric"].map(lambda m: _component(m, kind)).notna()]
     ok = g[~g["skipped"].astype(bool)]
     skipped = g[g["skipped"].astype(bool)]
     comps = [f"{a}:{m}={v:.4g}" for a, m, v in zip(ok["attribute"], ok["metric"], ok["gap"])]

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import false_discovery_control
 
-BINARY_METRICS = ("auroc", "auprc", "accuracy", "f1", "ece", "ppr", "tpr", "fpr")
+BINARY_METRICS = ("auroc", "auprc", "accuracy", "f1", "ece", "ece_top_label", "ppr", "tpr", "fpr")
 MULTICLASS_METRICS = ("auroc_macro", "auprc_macro", "accuracy", "f1_macro", "ece_top_label", "tpr_macro",
                       "fpr_macro")
 
@@ -152,7 +152,7 @@ def weighted_metrics(names: Iterable[str], y, proba, pred, W, *, n_bins: int = 1
     """Bootstrap replicates (n_boot,) of each metric in ``names`` for weights W (n_boot, n).
 
     Binary names (proba has 2 columns; positive = column 1): auroc, auprc, accuracy, f1, ece (positive-class
-    probability), ppr (predicted-positive rate), tpr, fpr. Multi-class: auroc_macro, auprc_macro (one-vs-rest
+    probability), ece_top_label (top-label confidence), ppr (predicted-positive rate), tpr, fpr. Multi-class: auroc_macro, auprc_macro (one-vs-rest
     over classes present), accuracy, f1_macro (all classes), ece_top_label, tpr_macro (macro recall over classes
     present), fpr_macro. Undefined replicates (e.g. no positives drawn) are NaN.
     """
@@ -173,6 +173,8 @@ def weighted_metrics(names: Iterable[str], y, proba, pred, W, *, n_bins: int = 1
                 out[name] = _ratio(W @ (pred == y), total)
             elif name == "ece":
                 out[name] = w_ece(y == 1, proba[:, 1], W, n_bins)
+            elif name == "ece_top_label":
+                out[name] = w_ece(proba.argmax(1) == y, proba.max(1), W, n_bins)
             else:
                 tp, fp, fn, tn = _confusion(y, pred, W)
                 out[name] = {"f1": lambda: _f1(tp, fp, fn), "ppr": lambda: _ratio(tp + fp, total),

@@ -1,10 +1,23 @@
-"""Signed rank distance between two conditions and a Kruskal–Wallis test across encoder groups.
+"""Signed rank distance between a reference and a comparison condition, and Kruskal–Wallis across encoder groups.
 
-For an encoder with mean rank ``rank_a`` under condition A and ``rank_b`` under B (same encoders, same tasks'
-ranks, lower = better), the signed rank distance is ``(rank_a - rank_b) / sqrt(2)``: the signed distance of
-the point (rank_a, rank_b) from the diagonal of the A-vs-B rank scatter. Positive: the encoder ranks worse
-under A than under B. Grouping the encoders by pretraining domain or method, :func:`scipy.stats.kruskal`
-tests whether the groups shift differently between the conditions (two-sided).
+Convention (OcularBench, one for every signed-distance table): for an encoder with mean rank ``rank_reference``
+under the reference condition and ``rank_comparison`` under the comparison (same encoders, lower rank = better),
+
+    distance = (rank_reference − rank_comparison) / sqrt(2),
+
+the signed distance of the point from the diagonal of the rank scatter. **Positive = the encoder has a better
+relative rank under the comparison.** Which side is the reference is declared, never taken from the config order:
+
+* protocols: full fine-tuning whenever it is in the pair (Fig. 5: (rank_FT − rank_LP)/√2, positive = better under
+  linear probing); otherwise the protocol earlier in :data:`PROTOCOL_PRECEDENCE` (the more trained one);
+* task subsets: the reference is the rest of the tasks, the comparison the subset (Figs. 9, A.10, A.11: positive =
+  better relative rank on the subset);
+* learning rate: the reference is the optimal lr, the comparison the sub-optimal one (positive = relatively better
+  rank at the sub-optimal lr, i.e. less lr-sensitive than the other encoders).
+
+Every table carries ``reference``, ``comparison``, ``distance`` and a one-line ``meaning``. Grouping the encoders by
+pretraining domain, method (or model-size class), :func:`scipy.stats.kruskal` tests whether the groups shift
+differently between the conditions (two-sided).
 """
 from __future__ import annotations
 
@@ -18,14 +31,28 @@ from scipy import stats
 from retinabench.stats.ranks import select
 
 GROUP_BYS = ("domain", "method")
+# Reference order of protocol pairs: the earlier protocol is the reference (fine-tuning first, the paper's).
+PROTOCOL_PRECEDENCE = ("finetune", "linear_aug", "linear", "logreg", "knn")
+DISTANCE_COLUMNS = ["name", "family", "reference", "comparison", "encoder", "rank_reference", "rank_comparison",
+                    "distance", "meaning"]
 
 
-def signed_rank_distance(rank_a: pd.Series, rank_b: pd.Series) -> pd.Series:
-    """(rank_a - rank_b) / sqrt(2) per encoder; both rankings must cover the same encoders."""
-    if set(rank_a.index) != set(rank_b.index):
+def signed_rank_distance(rank_reference: pd.Series, rank_comparison: pd.Series) -> pd.Series:
+    """(rank_reference − rank_comparison) / sqrt(2) per encoder (positive = better under the comparison); both
+    rankings must cover the same encoders."""
+    if set(rank_reference.index) != set(rank_comparison.index):
         raise ValueError("signed_rank_distance: the two conditions rank different encoders: "
-                         f"{sorted(set(rank_a.index) ^ set(rank_b.index))}")
-    return ((rank_a - rank_b.loc[rank_a.index]) / math.sqrt(2)).rename("distance")
+                         f"{sorted(set(rank_reference.index) ^ set(rank_comparison.index))}")
+    return ((rank_reference - rank_comparison.loc[rank_reference.index]) / math.sqrt(2)).rename("distance")
+
+
+def protocol_reference(a: str, b: str) -> tuple[str, str]:
+    """(reference, comparison) of a protocol pair: the one earlier in PROTOCOL_PRECEDENCE is the reference (a
+    protocol not listed comes after the listed ones; two unlisted ones: alphabetical)."""
+    def key(p: str):
+        return (PROTOCOL_PRECEDENCE.index(p), "") if p in PROTOCOL_PRECEDENCE else (len(PROTOCOL_PRECEDENCE), p)
+    ref, cmp_ = sorted((a, b), key=key)
+    return ref, cmp_
 
 
 def kruskal_by_group(values: pd.Series, groups: pd.Series, alpha: float = 0.05) -> dict:
@@ -57,23 +84,35 @@ def kruskal_by_group(values: pd.Series, groups: pd.Series, alpha: float = 0.05) 
 
 @dataclass
 class Comparison:
-    """Two conditions over the same encoders: name, the family it belongs to, and each side's rank rows."""
+    """Two conditions over the same encoders: the declared reference and the comparison, and each side's rows."""
     name: str
     family: str        # protocols | modality | task_family | lr
-    label_a: str
-    label_b: str
-    where_a: dict = field(default_factory=dict)   # select() arguments of side A
-    where_b: dict = field(default_factory=dict)
+    reference: str
+    comparison: str
+    where_reference: dict = field(default_factory=dict)   # select() arguments of the reference side
+    where_comparison: dict = field(default_factory=dict)
+    meaning: str = ""
+
+
+def protocol_meaning(reference: str, comparison: str) -> str:
+    return f"positive = better relative rank under {comparison} than under {reference}"
 
 
 def protocol_comparisons(protocols: list[str], *, metric: str, regime: str) -> list[Comparison]:
-    return [Comparison(f"{a} vs {b}", "protocols", a, b, {"metric": metric, "protocol": a, "regime": regime},
-                       {"metric": metric, "protocol": b, "regime": regime}) for a, b in combinations(protocols, 2)]
+    """Every pair of ``protocols``, each with its declared reference (:func:`protocol_reference`)."""
+    out = []
+    for a, b in combinations(protocols, 2):
+        ref, cmp_ = protocol_reference(a, b)
+        out.append(Comparison(f"{ref} vs {cmp_}", "protocols", ref, cmp_,
+                              {"metric": metric, "protocol": ref, "regime": regime},
+                              {"metric": metric, "protocol": cmp_, "regime": regime}, protocol_meaning(ref, cmp_)))
+    return out
 
 
 def subset_comparisons(tasks: dict[str, dict], subsets: dict[str, list[str]], *, metric: str, protocol: str,
                        regime: str) -> list[Comparison]:
-    """``<value> vs rest`` for each configured modality / task family that has tasks on both sides."""
+    """``<value> vs rest`` for each configured modality / task family that has tasks on both sides; the rest is
+    the reference, so a positive distance means a better relative rank on the subset."""
     out = []
     family_name = {"modality": "modality", "family": "task_family"}
     for key, values in subsets.items():
@@ -84,59 +123,75 @@ def subset_comparisons(tasks: dict[str, dict], subsets: dict[str, list[str]], *,
             rest = sorted(t for t in tasks if t not in inside)
             if inside and rest:
                 base = {"metric": metric, "protocol": protocol, "regime": regime}
-                out.append(Comparison(f"{value} vs rest", family_name[key], value, "rest",
-                                      base | {"tasks": inside}, base | {"tasks": rest}))
+                out.append(Comparison(f"{value} vs rest", family_name[key], "rest", value, base | {"tasks": rest},
+                                      base | {"tasks": inside},
+                                      f"positive = better relative rank on {value} tasks than on the rest"))
     return out
 
 
 def distance_table(ranks: pd.DataFrame, comparisons: list[Comparison], encoders: dict[str, dict]) -> pd.DataFrame:
-    """One row per (comparison, encoder): mean ranks under A and B, the signed distance, domain and method."""
+    """One row per (comparison, encoder): :data:`DISTANCE_COLUMNS` plus the encoder's domain and method."""
     frames = []
     for c in comparisons:
-        ra = select(ranks, **c.where_a).groupby("encoder")["rank"].mean()
-        rb = select(ranks, **c.where_b).groupby("encoder")["rank"].mean()
-        frames.append(distance_rows(c.name, c.family, c.label_a, c.label_b, ra, rb))
+        r_ref = select(ranks, **c.where_reference).groupby("encoder")["rank"].mean()
+        r_cmp = select(ranks, **c.where_comparison).groupby("encoder")["rank"].mean()
+        frames.append(distance_rows(c.name, c.family, c.reference, c.comparison, r_ref, r_cmp, c.meaning))
     if not frames:
         raise ValueError("distance_table: no comparisons")
     out = pd.concat(frames, ignore_index=True)
-    return _with_groups(out, encoders)
+    return _with_groups(out, encoders, GROUP_BYS)
 
 
-def distance_rows(name: str, family: str, label_a: str, label_b: str, rank_a: pd.Series,
-                  rank_b: pd.Series) -> pd.DataFrame:
+def distance_rows(name: str, family: str, reference: str, comparison: str, rank_reference: pd.Series,
+                  rank_comparison: pd.Series, meaning: str) -> pd.DataFrame:
     """Rows of a distance table for one comparison, from the two mean-rank series (index: encoder)."""
-    d = signed_rank_distance(rank_a, rank_b)
-    return pd.DataFrame({"comparison": name, "family": family, "a": label_a, "b": label_b, "encoder": d.index,
-                         "rank_a": rank_a.loc[d.index].to_numpy(), "rank_b": rank_b.loc[d.index].to_numpy(),
-                         "distance": d.to_numpy()})
+    if not meaning:
+        raise ValueError(f"distance_rows {name!r}: a signed distance needs its one-line meaning")
+    d = signed_rank_distance(rank_reference, rank_comparison)
+    return pd.DataFrame({"name": name, "family": family, "reference": reference, "comparison": comparison,
+                         "encoder": d.index, "rank_reference": rank_reference.loc[d.index].to_numpy(),
+                         "rank_comparison": rank_comparison.loc[d.index].to_numpy(), "distance": d.to_numpy(),
+                         "meaning": meaning})[DISTANCE_COLUMNS]
 
 
-def with_groups(table: pd.DataFrame, encoders: dict[str, dict]) -> pd.DataFrame:
-    """Add each encoder's pretraining domain and method (the Kruskal–Wallis groupings) to a distance table."""
-    return _with_groups(table.copy(), encoders)
+def with_groups(table: pd.DataFrame, encoders: dict[str, dict], keys: tuple[str, ...] = GROUP_BYS) -> pd.DataFrame:
+    """Add each encoder's grouping fields (pretraining domain, method, or e.g. size_class) to a distance table."""
+    return _with_groups(table.copy(), encoders, keys)
 
 
-def _with_groups(table: pd.DataFrame, encoders: dict[str, dict]) -> pd.DataFrame:
+def _with_groups(table: pd.DataFrame, encoders: dict[str, dict], keys: tuple[str, ...]) -> pd.DataFrame:
     unknown = sorted(set(table["encoder"]) - set(encoders))
     if unknown:
-        raise KeyError(f"no registry entry (domain/method) for encoders {unknown}")
-    for key in GROUP_BYS:
+        raise KeyError(f"no registry entry ({'/'.join(keys)}) for encoders {unknown}")
+    for key in keys:
         table[key] = [_meta(encoders[e], key, e) for e in table["encoder"]]
     return table
 
 
 def _meta(entry: dict, key: str, name: str) -> str:
-    if key not in entry:
+    if key not in entry or entry[key] is None:
         raise KeyError(f"encoder {name!r}: registry entry lacks {key!r}")
     return str(entry[key])
 
 
-def kruskal_table(distances: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """Kruskal–Wallis across pretraining domains and across methods, for every comparison of a distance table."""
+def kruskal_table(distances: pd.DataFrame, alpha: float = 0.05, group_bys: tuple[str, ...] = GROUP_BYS
+                  ) -> pd.DataFrame:
+    """Kruskal–Wallis across each grouping (default: pretraining domain, method), for every comparison of a
+    distance table."""
     rows = []
-    for (name, family), d in distances.groupby(["comparison", "family"], sort=False):
+    keys = ["name", "family", "reference", "comparison"]
+    for key_values, d in distances.groupby(keys, sort=False):
         values = d.set_index("encoder")["distance"]
-        for key in GROUP_BYS:
+        for key in group_bys:
             res = kruskal_by_group(values, d.set_index("encoder")[key], alpha)
-            rows.append({"comparison": name, "family": family, "group_by": key, **res})
+            rows.append({**dict(zip(keys, key_values)), "group_by": key, **res})
     return pd.DataFrame(rows)
+
+
+def group_means(values: pd.Series, groups: pd.Series) -> pd.DataFrame:
+    """Per group: size and mean of ``values`` (index: encoder), largest group first (ties: by name) — the bars of
+    the paper's signed-distance figures."""
+    g = groups.loc[values.index]
+    out = pd.DataFrame({"group": g.to_numpy(), "value": values.to_numpy()}).groupby("group")["value"].agg(
+        n="size", mean="mean").reset_index()
+    return out.sort_values(["n", "group"], ascending=[False, True]).reset_index(drop=True)

@@ -4,9 +4,10 @@ The encoder registry records, per encoder, the benchmark datasets with *known* p
 (``exposure``); the dataset registry records each dataset's *web-scale exposure risk* (``web_exposure_risk``:
 low when access needs a human-mediated request, high when the images are freely downloadable). Two task
 subsets are re-ranked: (a) tasks of datasets no selected encoder is known to have seen, and (b) tasks of
-low-risk datasets. Per-task ranks stay those among all encoders; each encoder's signed rank change is its
-position (and mean rank) on the subset minus that on all tasks: positive = it drops once the possibly
-leaked tasks are gone.
+low-risk datasets. Per-task ranks stay those among all encoders. Each encoder's signed rank change follows the
+benchmark's one convention (reference − comparison, stats.distance): the reference is the full benchmark, the
+comparison the restricted one, so ``position_change`` = position on all tasks − position on the subset (and
+``mean_rank_change`` likewise): **positive = improved rank on the restricted benchmark** (OcularBench Fig. 2).
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from retinabench.stats.ranks import positions, select
 
 OPHTHALMIC_DOMAINS = ("cfp", "oct", "cfp+oct")
 SUBSET_LABELS = {"no_known_exposure": "tasks without known exposure", "low_risk": "low web-exposure-risk datasets"}
+LEAKAGE_REFERENCE = "all tasks"
+LEAKAGE_MEANING = ("positive = improved rank on the restricted benchmark (position / mean rank on all tasks minus on "
+                   "the subset)")
 
 
 def _get(entry: dict, key: str, what: str):
@@ -95,8 +99,11 @@ def leakage_rerank(ranks: pd.DataFrame, subsets: dict[str, list[str]], *, metric
             "mean_rank_all": all_mean.loc[enc].to_numpy(), "mean_rank_subset": sub.loc[enc].to_numpy(),
             "position_all": all_pos.loc[enc].to_numpy(), "position_subset": pos.loc[enc].to_numpy()}))
     out = pd.concat(frames, ignore_index=True)
-    out["mean_rank_change"] = out["mean_rank_subset"] - out["mean_rank_all"]
-    out["position_change"] = out["position_subset"] - out["position_all"]
+    out.insert(1, "reference", LEAKAGE_REFERENCE)
+    out.insert(2, "comparison", [SUBSET_LABELS.get(s, s) for s in out["subset"]])
+    out["mean_rank_change"] = out["mean_rank_all"] - out["mean_rank_subset"]
+    out["position_change"] = out["position_all"] - out["position_subset"]
+    out["meaning"] = LEAKAGE_MEANING
     out["likelihood"] = [likelihood[e] for e in out["encoder"]]
     out["known_exposure"] = [",".join(exposure.get(e, [])) for e in out["encoder"]]
     return out.assign(metric=metric, protocol=protocol, regime=regime)

@@ -40,7 +40,7 @@ def rank_summary(ranks: pd.DataFrame) -> pd.DataFrame:
 
 # Direction of every metric the METRICS schema records (ECE: lower is better).
 HIGHER_IS_BETTER = {"accuracy": True, "balanced_accuracy": True, "auroc": True, "auprc": True, "f1_macro": True,
-                    "kappa": True, "ece": False}
+                    "kappa": True, "ece": False, "ece_top_label": False}
 
 
 def higher_is_better(metric: str) -> bool:

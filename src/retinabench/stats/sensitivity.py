@@ -9,10 +9,13 @@ Two inputs are understood (:func:`choices_from_sweep`):
   *optimal* lr is then the one with the best seed-mean validation score (ties: the smaller lr) and the
   *sub-optimal* one ``reference_lr`` when given (e.g. a shared default), otherwise the worst on validation.
 
-Test scores at both are compared: the per-encoder drop, and ranks at optimal vs sub-optimal learning rates.
+Test scores at both are compared: the per-encoder drop, and ranks at optimal vs sub-optimal learning rates. As in
+OcularBench (Fig. 12), sensitivity is computed on the sweep task alone (``tasks``): the second swept task is the
+separate transfer check of the chosen learning rate (Figs. A.14/A.15, :func:`lr_transfer_table`).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
@@ -39,9 +42,16 @@ def check_sweep(sweep: pd.DataFrame) -> None:
 
 
 def choices_from_sweep(table: pd.DataFrame, *, metric: str = "accuracy", regime: str,
-                       reference_lr: float | None = None) -> pd.DataFrame:
-    """:func:`lr_choices` rows (test split) for every protocol of either sweep table format."""
+                       reference_lr: float | None = None, tasks: list[str] | None = None) -> pd.DataFrame:
+    """:func:`lr_choices` rows (test split) for every protocol of either sweep table format; ``tasks``: only
+    these tasks (the sweep task), None: all."""
     check_sweep(table)
+    if tasks is not None:
+        missing = sorted(set(tasks) - set(table["task"]))
+        if missing:
+            raise ValueError(f"learning-rate sensitivity: the sweep table has no rows for task(s) {missing}; tasks "
+                             f"present: {sorted(table['task'].unique())}")
+        table = table[table["task"].isin(tasks)]
     if not is_sensitivity_table(table):
         return pd.concat([lr_choices(table, metric=metric, protocol=p, regime=regime, reference_lr=reference_lr)
                           for p in sorted(table["protocol"].unique())], ignore_index=True)
@@ -98,9 +108,59 @@ def lr_choices(sweep: pd.DataFrame, *, metric: str = "accuracy", protocol: str, 
 
 
 def lr_sensitivity(choices: pd.DataFrame) -> pd.DataFrame:
-    """Per encoder: mean ± sd over tasks of the test-score drop from optimal to sub-optimal lr."""
-    g = choices.groupby("encoder")["drop"]
-    return pd.DataFrame({"mean_drop": g.mean(), "sd_drop": g.std(), "n_tasks": g.size()}).reset_index()
+    """Per encoder: mean ± sd over tasks of the test-score drop from optimal to sub-optimal lr (and the tasks)."""
+    g = choices.groupby("encoder")
+    return pd.DataFrame({"mean_drop": g["drop"].mean(), "sd_drop": g["drop"].std(), "n_tasks": g["drop"].size(),
+                         "tasks": g["task"].agg(lambda t: ",".join(sorted(set(t))))}).reset_index()
+
+
+LR_TRANSFER_COLUMNS = ["encoder", "protocol", "stage", "lr_name", "task", "role", "lr", "value", "n_seeds",
+                       "lr_optimal_here", "lr_chosen", "chosen", "transfers", "metric", "regime", "split"]
+
+
+def lr_transfer_table(grid: pd.DataFrame, sensitivity: pd.DataFrame, *, metric: str, regime: str, sweep_task: str,
+                      check_task: str) -> pd.DataFrame:
+    """The transfer check of the chosen learning rate (OcularBench Figs. A.14/A.15): per encoder, sweep stage,
+    task (the sweep task and the check task) and lr, the seed-mean validation ``metric``; ``lr_chosen`` is the
+    sweep's choice on the sweep task (lowest validation loss), ``lr_optimal_here`` that task's own optimum, and
+    ``transfers`` says whether the check task's optimum is the sweep task's choice.
+
+    ``grid``: the sweep's per-lr metrics (METRICS columns + lr, lr_name, stage); ``sensitivity``: the sweep's
+    sensitivity table (lr_optimal per encoder, task, stage)."""
+    need = [*METRICS.names, "lr", "lr_name", "stage"]
+    missing = [c for c in need if c not in grid.columns]
+    if missing:
+        raise KeyError(f"learning-rate grid table lacks column(s) {missing}; expected {need}")
+    if not is_sensitivity_table(sensitivity) or "stage" not in sensitivity.columns:
+        raise KeyError("the lr transfer check needs the sweep's own sensitivity table (sweep/lr_sensitivity.parquet)")
+    tasks = {sweep_task: "sweep task", check_task: "transfer check"}
+    g = grid[(grid["metric"] == metric) & (grid["regime"] == regime) & (grid["split"] == "val")
+             & grid["task"].isin(list(tasks))]
+    lacking = sorted(set(tasks) - set(g["task"]))
+    if lacking:
+        raise ValueError(f"learning-rate transfer: no validation {metric} rows (regime {regime!r}) for task(s) "
+                         f"{lacking}; tasks present: {sorted(grid['task'].unique())}")
+    means = (g.groupby(["encoder", "protocol", "stage", "lr_name", "task", "lr"], as_index=False)
+             .agg(value=("value", "mean"), n_seeds=("seed", "nunique")))
+    opt = sensitivity.drop_duplicates(["encoder", "task", "stage"]).set_index(["encoder", "task", "stage"])["lr_optimal"]
+
+    def optimum(enc, task, stage):
+        key = (enc, task, stage)
+        if key not in opt.index:
+            raise ValueError(f"learning-rate transfer: no chosen lr for encoder {enc!r}, task {task!r}, stage {stage}"
+                             " in the sensitivity table")
+        return float(opt.loc[key])
+
+    means["role"] = means["task"].map(tasks)
+    means["lr_optimal_here"] = [optimum(e, t, s) for e, t, s in zip(means["encoder"], means["task"], means["stage"])]
+    means["lr_chosen"] = [optimum(e, sweep_task, s) for e, s in zip(means["encoder"], means["stage"])]
+    means["chosen"] = np.isclose(means["lr"], means["lr_chosen"], rtol=1e-12, atol=0)
+    check_opt = {(e, s): optimum(e, check_task, s) for e, s in zip(means["encoder"], means["stage"])}
+    means["transfers"] = [bool(np.isclose(check_opt[(e, s)], c, rtol=1e-12, atol=0))
+                          for e, s, c in zip(means["encoder"], means["stage"], means["lr_chosen"])]
+    out = means.assign(metric=metric, regime=regime, split="val")
+    return out.sort_values(["encoder", "stage", "role", "lr"])[
+        LR_TRANSFER_COLUMNS].reset_index(drop=True)
 
 
 def lr_mean_ranks(choices: pd.DataFrame) -> tuple[pd.Series, pd.Series]:

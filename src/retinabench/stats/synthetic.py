@@ -12,10 +12,11 @@ import pandas as pd
 
 from retinabench.schemas import METRICS
 
-ALL_METRICS = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece")
+ALL_METRICS = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece", "ece_top_label")
 DOMAINS = ("natural", "cfp", "oct", "cfp+oct", "pathology", "radiology", "none")
 METHODS = ("supervised", "MAE", "DINOv2 self-distillation", "CLIP", "random initialisation")
 FAMILIES = ("dr_staging", "glaucoma", "dme", "amd", "myopia")
+SIZE_OF_PARAMS = {5.5: "tiny", 22.0: "small", 86.6: "base", 303.3: "large", 632.0: "huge"}
 
 
 @dataclass
@@ -39,8 +40,9 @@ def synthetic_registries(n_encoders: int, n_tasks: int, *, n_datasets: int | Non
     for i in range(n_encoders):
         domain = DOMAINS[i % len(DOMAINS)]
         exposure = [f"ds{j:02d}" for j in range(n_datasets) if domain in ("cfp", "cfp+oct") and j % 4 == 1]
+        params = float(np.round(rng.choice([5.5, 22, 86.6, 303.3, 632]), 1))
         encoders[f"enc{i:02d}"] = {"domain": domain, "method": METHODS[i % len(METHODS)], "exposure": exposure,
-                                   "params_m": float(np.round(rng.choice([5.5, 22, 86.6, 303.3, 632]), 1))}
+                                   "params_m": params, "size_class": SIZE_OF_PARAMS[params]}
     return encoders, tasks, datasets
 
 
@@ -66,7 +68,7 @@ def synthetic_metrics(encoders: dict[str, dict], tasks: dict[str, dict], *, prot
              + np.array([interaction[(e, p)] for e, p in zip(df["encoder"], df["protocol"])])
              + np.array([task_fit[(e, t)] for e, t in zip(df["encoder"], df["task"])])
              + rng.normal(0, 0.01, n))
-    is_ece = (df["metric"] == "ece").to_numpy()
+    is_ece = df["metric"].isin(["ece", "ece_top_label"]).to_numpy()
     value = np.where(is_ece, np.clip(0.3 - 0.3 * value, 0.0, 1.0), np.clip(value, 0.0, 1.0))
     df["value"] = value
     df["dataset"] = df["task"].map({t: m["dataset"] for t, m in tasks.items()})
@@ -105,3 +107,39 @@ def synthetic_lr_sweep(metrics: pd.DataFrame, *, lrs=(1e-4, 1e-3, 1e-2), protoco
         d["value"] = np.clip(d["value"] - 0.04 * dist + rng.normal(0, 0.005, len(d)), 0, 1)
         frames.append(d.assign(lr=lr))
     return pd.concat(frames, ignore_index=True)
+
+
+def synthetic_sweep(encoders: dict[str, dict], tasks: list[str], *, seed: int = 0,
+                    metrics=("accuracy", "balanced_accuracy", "auroc")) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-lr sweep metrics, sensitivity table) in the formats of the sweep's own tables (sweep/lr_sweep_metrics
+    and sweep/lr_sensitivity): stage 1 linear_aug over lr_classifier, stage 2 finetune over lr_encoder, seed 0,
+    regime u-u; scores peak at an encoder- and task-specific lr. The optimum stands in for the lowest validation
+    loss (the first of ``tasks`` is the sweep task, the second the transfer check)."""
+    rng = np.random.default_rng(seed)
+    stages = {1: ("linear_aug", "lr_classifier", (1e-4, 1e-3, 1e-2)), 2: ("finetune", "lr_encoder", (1e-6, 1e-5, 1e-4))}
+    grid, sens = [], []
+    for e in encoders:
+        skill = rng.uniform(0.6, 0.85)
+        for stage, (protocol, lr_name, lrs) in stages.items():
+            best = int(rng.integers(len(lrs)))
+            for t in tasks:
+                best_t = best if rng.random() < 0.7 else int(rng.integers(len(lrs)))
+                values = {}
+                for i, lr in enumerate(lrs):
+                    for split in ("val", "test"):
+                        for m in metrics:
+                            v = float(np.clip(skill - 0.06 * abs(i - best_t) + rng.normal(0, 0.005), 0, 1))
+                            values[(split, m, lr)] = v
+                            grid.append({"dataset": "ds00", "task": t, "encoder": e, "protocol": protocol, "seed": 0,
+                                         "regime": "u-u", "split": split, "metric": m, "value": v, "n": 200,
+                                         "lr": lr, "lr_name": lr_name, "stage": stage})
+                for split in ("val", "test"):
+                    for m in metrics:
+                        opt = values[(split, m, lrs[best_t])]
+                        sub = [values[(split, m, lr)] for lr in lrs if lr != lrs[best_t]]
+                        sens.append({"encoder": e, "task": t, "stage": stage, "protocol": protocol, "lr_name": lr_name,
+                                     "regime": "u-u", "split": split, "metric": m, "lr_optimal": lrs[best_t],
+                                     "value_optimal": opt, "value_suboptimal_mean": float(np.mean(sub)),
+                                     "value_suboptimal_sd": float(np.std(sub, ddof=1)), "n_suboptimal": len(sub),
+                                     "n_diverged": 0, "drop": opt - float(np.mean(sub))})
+    return pd.DataFrame(grid), pd.DataFrame(sens)
