@@ -289,3 +289,42 @@ def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest:
                                            task, mllm.name, prompt, default_set=prompts.default("mllm"),
                                            regime=regime, part=part))
     return pd.concat(frames, ignore_index=True)
+
+
+# --- the pipeline job ---------------------------------------------------------------------------------------------
+def answer_counts(predictions: pd.DataFrame) -> pd.DataFrame:
+    """Invalid answers per (task, protocol, regime, split): n, n_invalid, invalid_rate (what the job prints)."""
+    keys = ["dataset", "task", "encoder", "protocol", "regime", "split"]
+    g = predictions.assign(invalid=predictions["y_pred"] == INVALID).groupby(keys, sort=True)["invalid"]
+    out = g.agg(n="size", n_invalid="sum").reset_index()
+    out["invalid_rate"] = out["n_invalid"] / out["n"]
+    return out
+
+
+def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *, weights: str | Path | None = None,
+        log=print) -> pd.DataFrame:
+    """One MLLM job: registry ``entry``'s model and processor loaded once (strictly, from its locked files or the
+    local folder ``weights``), then every task of ``inputs`` (:class:`~retinabench.protocols.interfaces.TaskInput`,
+    with its manifest rows) under each of its mllm prompt sets: both protocols, one generate() per batch. Invalid
+    answers are kept (``y_pred`` −1) and their count is printed per task and prompt set. Returns one predictions
+    table (the shared schema + ``answer``, ``answer_valid``, ``prob_yes``, ``prob_no``, ``mass``, ``prompt_set``,
+    ``prompt``), checked against the schema."""
+    from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
+    s = settings if isinstance(settings, MLLMSettings) else MLLMSettings.from_config(settings)
+    m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
+    log(f"mllm {entry['name']}: {type(m.model).__name__} on {m.device} ({m.dtype}); yes/no tokens "
+        f"{sorted(m.tokens.counted, key=repr)}; {len(inputs)} task(s)")
+    frames = []
+    for ti in inputs:
+        if ti.manifest is None:
+            raise ValueError(f"mllm {entry['name']}/{ti.task['name']}: the job needs the dataset's manifest rows "
+                             "(question metadata and the leakage guard)")
+        preds = run_mllm(m, ti.images, ti.image_ids, ti.manifest, ti.split, ti.task, prompts,
+                         prompt_sets=s.prompt_sets, regimes=s.regimes, max_new_tokens=s.max_new_tokens,
+                         batch_size=s.batch_size)
+        counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]) == "mllm"])
+        for r in counts.itertuples():
+            log(f"mllm {entry['name']}/{r.task} {r.protocol} {r.regime} {r.split}: {r.n_invalid} of {r.n} answers "
+                f"invalid ({r.invalid_rate:.1%}), kept and counted wrong")
+        frames.append(preds)
+    return finish_predictions(frames, f"mllm {entry['name']}")

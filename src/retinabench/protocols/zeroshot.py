@@ -279,3 +279,27 @@ def ece_difference(predictions: pd.DataFrame, tasks: dict[str, dict], n_bins: in
             vals["n"] = len(s)
         rows.append({**dict(zip(keys, key)), **vals, "ece_diff": vals["ece_focus"] - vals["ece_native"]})
     return pd.DataFrame(rows, columns=cols)
+
+
+# --- the pipeline job ---------------------------------------------------------------------------------------------
+def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *, weights: str | Path | None = None,
+        log: Callable[[str], None] = print) -> pd.DataFrame:
+    """One zero-shot job: the dual encoder of registry ``entry`` loaded once (strictly, from its locked files or
+    the local folder ``weights``), then every task of ``inputs`` (:class:`~retinabench.protocols.interfaces.TaskInput`)
+    under each of its prompt sets and both scorings. Returns one predictions table (the shared schema +
+    ``prompt_set``), checked against the schema; ``settings``: a
+    :class:`~retinabench.protocols.interfaces.ZeroShotSettings` or its config section."""
+    from retinabench.protocols.interfaces import ZeroShotSettings, finish_predictions
+    s = settings if isinstance(settings, ZeroShotSettings) else ZeroShotSettings.from_config(settings)
+    dual = load_dual_encoder(entry, weights=weights)
+    log(f"zeroshot {entry['name']}: {dual.family} head, logit_scale {dual.logit_scale:.4g}"
+        + ("" if dual.logit_bias is None else f", logit_bias {dual.logit_bias:.4g}")
+        + f"; {len(inputs)} task(s)")
+    frames = []
+    for ti in inputs:
+        preds = run_zeroshot(dual, ti.images, ti.image_ids, ti.split, ti.task, prompts, prompt_sets=s.prompt_sets,
+                             regimes=s.regimes, batch_size=s.batch_size, device=s.device)
+        log(f"zeroshot {entry['name']}/{ti.task['name']}: {preds['protocol'].nunique()} protocol(s) "
+            f"{sorted(preds['protocol'].unique())}, {len(preds)} rows")
+        frames.append(preds)
+    return finish_predictions(frames, f"zeroshot {entry['name']}")

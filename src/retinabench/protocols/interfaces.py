@@ -1,0 +1,156 @@
+"""The prompt-based interfaces as pipeline jobs: typed settings, the per-task inputs a job receives, and one
+spec per interface for the pipeline's protocol registry. Torch-free at import (the job functions import torch
+when they run).
+
+A job is one (model, task set) of one interface: :func:`retinabench.protocols.zeroshot.run` or
+:func:`retinabench.protocols.mllm.run` loads the registry entry once (strictly, from its locked files or a local
+folder), runs every task of the set and returns one predictions table in the shared schema
+(:data:`retinabench.schemas.PREDICTIONS`) plus the interface's extra columns (:data:`INTERFACES` lists them).
+
+Zero-shot trains nothing: a regime ``a-b`` only chooses the rows (validation rows balanced when ``a`` is ``b``,
+test rows when ``b`` is), seed 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+REGIMES = ("u-u", "u-b", "b-u", "b-b")
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    """What a job needs of one task: the task entry, its split table (image_id, y, split, balanced), the images
+    (uint8 NHWC, e.g. the memory-mapped image cache) aligned with ``image_ids``, and the dataset's manifest rows
+    (the metadata an MLLM question may use and the label fields its leakage guard checks)."""
+
+    task: dict
+    split: pd.DataFrame
+    image_ids: Sequence[str]
+    images: np.ndarray
+    manifest: pd.DataFrame | None = None
+
+    def __post_init__(self):
+        if len(self.image_ids) != len(self.images):
+            raise ValueError(f"task {self.task['name']!r}: {len(self.image_ids)} image ids for {len(self.images)} "
+                             "images")
+
+
+def _settings_from(cls, section: Mapping[str, Any] | None, where: str):
+    section = dict(section or {})
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
+    if "prompt_sets" in section and section["prompt_sets"] is not None:
+        section["prompt_sets"] = tuple(section["prompt_sets"])
+    if "regimes" in section:
+        section["regimes"] = tuple(section["regimes"])
+        bad = [r for r in section["regimes"] if r not in REGIMES]
+        if bad or not section["regimes"]:
+            raise ValueError(f"{where}: regimes {list(section['regimes'])}; each must be one of {REGIMES}")
+    out = cls(**section)
+    if int(out.batch_size) < 1:
+        raise ValueError(f"{where}: batch_size must be >= 1, got {out.batch_size}")
+    return out
+
+
+@dataclass(frozen=True)
+class ZeroShotSettings:
+    """``prompt_sets``: None = every zero-shot prompt set that covers the task; ``regimes``: which rows are
+    predicted; ``batch_size``: images per forward pass; ``device``: auto = CUDA when present."""
+
+    prompt_sets: tuple[str, ...] | None = None
+    regimes: tuple[str, ...] = ("u-u",)
+    batch_size: int = 64
+    device: str = "auto"
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> "ZeroShotSettings":
+        return _settings_from(cls, section, "zeroshot settings")
+
+
+@dataclass(frozen=True)
+class MLLMSettings:
+    """As :class:`ZeroShotSettings`, plus ``max_new_tokens`` (greedy; the answer must start within it) and
+    ``dtype`` (auto = bf16 on CUDA, fp32 on CPU)."""
+
+    prompt_sets: tuple[str, ...] | None = None
+    regimes: tuple[str, ...] = ("u-u",)
+    batch_size: int = 8
+    device: str = "auto"
+    max_new_tokens: int = 8
+    dtype: str = "auto"
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> "MLLMSettings":
+        out = _settings_from(cls, section, "mllm settings")
+        if int(out.max_new_tokens) < 1:
+            raise ValueError(f"mllm settings: max_new_tokens must be >= 1, got {out.max_new_tokens}")
+        return out
+
+
+@dataclass(frozen=True)
+class InterfaceSpec:
+    """One interface for the protocol registry: the registry entries it selects (``entry_interface`` in their
+    ``interfaces``), the protocol names its predictions carry (``<protocol>@<set>`` for a non-default prompt
+    set), its settings section, its job function (``module:function``, imported when the job runs) and the extra
+    prediction columns beyond the shared schema."""
+
+    name: str
+    entry_interface: str
+    protocols: tuple[str, ...]
+    settings: type
+    job: str
+    kind: str = "images+prompts"
+    gpu: int = 1
+    extras: tuple[str, ...] = field(default_factory=tuple)
+
+    def run(self, *args, **kwargs):
+        import importlib
+        module, _, fn = self.job.partition(":")
+        return getattr(importlib.import_module(module), fn)(*args, **kwargs)
+
+
+INTERFACES: dict[str, InterfaceSpec] = {
+    "zeroshot": InterfaceSpec("zeroshot", "zeroshot", ("zeroshot", "zeroshot_focus"), ZeroShotSettings,
+                              "retinabench.protocols.zeroshot:run", extras=("prompt_set",)),
+    "mllm": InterfaceSpec("mllm", "mllm", ("mllm", "mllm_renorm"), MLLMSettings, "retinabench.protocols.mllm:run",
+                          extras=("answer", "answer_valid", "prob_yes", "prob_no", "mass", "prompt_set", "prompt")),
+}
+
+
+def interface_of(protocol: str) -> InterfaceSpec:
+    """The interface that writes ``protocol`` (``zeroshot_focus@plain`` -> zeroshot)."""
+    from retinabench.prompts import split_protocol
+    base, _ = split_protocol(protocol)
+    for spec in INTERFACES.values():
+        if base in spec.protocols:
+            return spec
+    raise KeyError(f"protocol {protocol!r} is not written by an interface {sorted(INTERFACES)}")
+
+
+def selected_entries(encoders: Mapping[str, dict], interface: str, names: Sequence[str] | None = None) -> list[str]:
+    """Registry entries a job grid runs for ``interface``: ``names`` (each must declare it) or all that do."""
+    spec = INTERFACES[interface]
+    serve = {n for n, e in encoders.items() if spec.entry_interface in (e.get("interfaces") or ["features"])}
+    if names is None:
+        return sorted(serve)
+    bad = {n: (encoders[n].get("zeroshot_note") or f"interfaces {encoders[n].get('interfaces') or ['features']}")
+           if n in encoders else "not in the encoder registry" for n in names if n not in serve}
+    if bad:
+        raise KeyError(f"{interface}: encoder(s) {sorted(bad)} cannot run it: {bad}")
+    return list(names)
+
+
+def finish_predictions(frames: list[pd.DataFrame], where: str) -> pd.DataFrame:
+    """One predictions table from a job's frames, checked against the shared schema (extras allowed)."""
+    from retinabench.schemas import conform
+    if not frames:
+        raise ValueError(f"{where}: no predictions")
+    out = pd.concat(frames, ignore_index=True)
+    conform(out, "predictions", where=where)
+    return out
