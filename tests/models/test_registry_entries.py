@@ -93,7 +93,7 @@ def test_every_study_encoder_is_declared():
                      "retfound_mae_cfp", "retfound_mae_oct", "retfound_mae_meh", "retfound_mae_shanghai",
                      "retfound_dinov2_meh", "retfound_dinov2_shanghai",
                      # FOCUS's CLIP-like VLMs (their image towers; zero-shot where the text tower loads here)
-                     "clip_vitb32_openai", "siglip2_base_patch16_224", "medsiglip_448", "eyeclip", "flair"}
+                     "clip_vitb32_openai", "siglip2_base_patch16_224", "medsiglip_448", "eyeclip", "ret_clip", "flair"}
     for n in ocular | focus:
         e = ENTRIES[n]
         for field in ("paper_name", "domain", "method", "params_m", "embed_dim", "size_class", "input_size",

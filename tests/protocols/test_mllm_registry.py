@@ -70,3 +70,44 @@ def test_lock_pins_mllm_processor_files_through_optional_globs(monkeypatch, tmp_
     from retinabench.models.lock import LockError
     with pytest.raises(LockError, match="has no file 'config.json'"):
         _hub_files(entry, "a" * 40, repo - {"config.json"})
+
+
+# --- FOCUS's CLIP-like VLMs ----------------------------------------------------------------------------------------
+ALL = load_registry(REPO / "config/encoders.yaml", "encoders")
+# the issue's names -> entries (CLIP ViT-L/14 as the issue names it, ViT-B/32 as FOCUS's code runs it)
+FOCUS_VLMS = {"CLIP ViT-L/14": "clip_vitl14_openai", "CLIP ViT-B/32": "clip_vitb32_openai",
+              "SigLIP2": "siglip2_base_patch16_224", "MedSigLIP": "medsiglip_448", "EyeCLIP": "eyeclip",
+              "RET-CLIP": "ret_clip", "FLAIR": "flair"}
+OUTSIDE = {"ret_clip", "flair"}  # text towers that need code outside open_clip / transformers
+
+
+@pytest.mark.parametrize("paper, name", sorted(FOCUS_VLMS.items()))
+def test_focus_vlms_serve_zero_shot_or_say_which_code_they_need(paper, name):
+    from retinabench.models.lock import needs_lock
+    e = ALL[name]
+    interfaces = e.get("interfaces") or ["features"]
+    assert "features" in interfaces  # the image tower serves the frozen protocols (FOCUS's VLM linear probe)
+    if name in OUTSIDE:
+        assert "zeroshot" not in interfaces and ("code" in e["zeroshot_note"] or "package" in e["zeroshot_note"])
+    else:
+        assert "zeroshot" in interfaces and "zeroshot_note" not in e
+        assert e["source"] in ("open_clip", "transformers")
+    # runnable once pinned: every one goes through lock-encoders, the transformers text towers with their
+    # tokenizer files (open_clip's tokenizer is bundled with the package)
+    assert needs_lock(e) and lock_state(e, None) == "NOT LOCKED"
+    files = pins_of(e)["files"]
+    assert files == requested_files(e) and files
+    if e["source"] == "transformers" and "zeroshot" in interfaces:
+        assert e["hf_full_class"] in ("CLIPModel", "SiglipModel") and any(f.startswith("tokenizer") for f in files)
+    readme = (REPO / "README.md").read_text()
+    # its row in the README's interface table (columns: entry, model, loader, interfaces, notes)
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}` |")
+               and ("| features |" in line or "| features, zeroshot |" in line))
+    assert ("zeroshot |" in row) == (name not in OUTSIDE) and ("needs" in row) == (name in OUTSIDE), row
+
+
+def test_a_zero_shot_text_tower_outside_the_libraries_is_refused_with_its_note():
+    from retinabench.models.loaders import WeightsError
+    from retinabench.protocols.zeroshot import load_dual_encoder
+    with pytest.raises(WeightsError, match="RET-CLIP code"):
+        load_dual_encoder(ALL["ret_clip"])
