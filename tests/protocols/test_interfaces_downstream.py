@@ -148,3 +148,28 @@ def test_settings_and_entry_selection_are_checked():
     assert selected_entries(encoders, "zeroshot") == ["a"] and selected_entries(encoders, "mllm") == ["b"]
     with pytest.raises(KeyError, match="needs its own code"):
         selected_entries(encoders, "zeroshot", ["a", "c"])
+
+
+def test_the_mllm_job_refuses_a_leaking_row_before_the_model_generates(tiny_mllms, tmp_path, monkeypatch):
+    """The leakage guard at render time inside the job: one manifest row whose 'safe' free text repeats the label
+    value stops the whole job, naming the image, before any generate() call."""
+    import yaml
+
+    from retinabench.prompts import PromptLeakError
+    ids, images, manifest, split, _ = world(n=8)
+    task = dict(TASK, prompt_metadata=["history"])
+    manifest = manifest.assign(history="none reported")
+    manifest.loc[5, "dr3"] = "pdr"
+    manifest.loc[5, "history"] = "graded pdr last year"
+    data = {"defaults": {"mllm": "m"}, "mllm": {"m": {
+        "description": "history in the question", "metadata": {"history": {"missing": "no history"}},
+        "tasks": {"any_dr": {"yes_class": "yes", "question": "History: {history}. Any diabetic retinopathy?"}}}}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    entry, folder = tiny_mllms["tiny_llava"]
+    import transformers
+    calls = []
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", lambda *a, **k: calls.append(1))
+    with pytest.raises(PromptLeakError, match=r"image 'im5'.*\['pdr'\]"):
+        INTERFACES["mllm"].run(entry, [TaskInput(task, split, ids, images, manifest)], load_prompts(tmp_path / "p.yaml"),
+                               {"device": "cpu", "max_new_tokens": 2}, weights=folder, log=lambda _: None)
+    assert calls == []

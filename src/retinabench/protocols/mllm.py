@@ -247,6 +247,22 @@ def mllm_predictions(rows: pd.DataFrame, answers: pd.DataFrame, questions: Seque
     return pd.concat(frames, ignore_index=True)
 
 
+class RowView:
+    """Rows ``rows`` of an image array, read one slice at a time (a memory-mapped image cache is then read batch
+    by batch, never copied whole into memory)."""
+
+    def __init__(self, images: np.ndarray, rows: Sequence[int]):
+        self.images, self.rows = images, np.asarray(rows, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self.images[self.rows[key]]
+        return self.images[self.rows[key]]
+
+
 def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest: pd.DataFrame, split: pd.DataFrame,
              task: dict, prompts: PromptRegistry, *, prompt_sets: Iterable[str] | None = None,
              regimes: Sequence[str] = ("u-u",), max_new_tokens: int = DEFAULTS["max_new_tokens"],
@@ -279,7 +295,7 @@ def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest:
     for s in sets:
         prompt = prompts.mllm(s, task)
         questions = render_questions(prompt, meta_rows)  # every row checked before the model runs
-        answers = generate_answers(mllm, prompt, questions, [images[index[i]] for i in needed],
+        answers = generate_answers(mllm, prompt, questions, RowView(images, [index[i] for i in needed]),
                                    max_new_tokens=max_new_tokens, batch_size=batch_size)
         answers.index = pd.Index(needed, name="image_id")
         q_of = dict(zip(needed, questions))
