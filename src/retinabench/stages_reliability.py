@@ -123,9 +123,11 @@ def prepare_predictions(preds: pd.DataFrame, tasks: dict[str, dict], source: str
     bad = sorted(set(out["split"]) - {"val", "test"})
     if bad:
         raise ValueError(f"predictions ({source}): split values {bad}; expected val and test")
-    answered = "answer" in out.columns  # generated answers: an invalid one is y_pred = -1, kept and counted wrong
-    for t, rows in out.groupby("task"):
+    from retinabench.metrics.classification import has_answers
+    # generated answers: an invalid one is y_pred = -1, kept and counted wrong
+    for (t, _), rows in out.groupby(["task", "protocol"]):
         k = len(tasks[t]["classes"])
+        answered = has_answers(rows)
         wrong = sorted(set(rows["y_pred"].dropna().astype(int)) - set(range(k)) - ({-1} if answered else set()))
         if wrong or rows["y_pred"].isna().any():
             extra = " (or -1, an invalid answer)" if answered else ""

@@ -65,6 +65,9 @@ def test_metrics_table_adds_invalid_rate_and_valid_only_accuracy_for_answers():
     assert m.loc["accuracy", "value"] == pytest.approx(0.5) and m.loc["accuracy", "n"] == 6
     plain = metrics_table(_preds(False), task)  # frozen-style predictions: unchanged metric set
     assert "invalid_rate" not in set(plain["metric"])
+    # a table concatenated from both kinds: the others' rows have an empty answer column and no answer metrics
+    both = metrics_table(pd.concat([_preds(True), _preds(False).assign(protocol="linear")]), task)
+    assert set(both[both["metric"] == "invalid_rate"]["protocol"]) == {"mllm"}
     leaked = _preds(False)
     leaked.loc[0, "y_pred"] = INVALID_PRED  # the invalid code is only for generated answers
     with pytest.raises(ValueError, match=r"y_pred values \[-1\]"):

@@ -143,6 +143,12 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, y_pred: np.nda
     return {k: (v if k == "n_valid" else float(v)) for k, v in out.items()}
 
 
+def has_answers(predictions: pd.DataFrame) -> bool:
+    """Rows of generated-answer predictions: an ``answer`` column with values (a table concatenated from several
+    protocols has the column, empty, on the rows of the others)."""
+    return "answer" in predictions.columns and bool(predictions["answer"].notna().any())
+
+
 def metrics_table(predictions: pd.DataFrame, tasks: dict[str, dict]) -> pd.DataFrame:
     """Tidy metrics (one row per group × metric) from a predictions table of any protocol."""
     unknown = sorted(set(predictions["task"]) - set(tasks))
@@ -156,7 +162,7 @@ def metrics_table(predictions: pd.DataFrame, tasks: dict[str, dict]) -> pd.DataF
         if missing:
             raise KeyError(f"predictions for task {key[1]} lack probability columns {missing}")
         where = ", ".join(f"{k} {v!r}" for k, v in zip(GROUP_KEYS, key))
-        answered = "answer" in grp.columns  # generated answers: hard decisions as written, invalid = -1
+        answered = has_answers(grp)  # generated answers: hard decisions as written, invalid = -1
         for col in ("y_true", "y_pred"):
             if grp[col].isna().any():
                 raise ValueError(f"predictions ({where}): {int(grp[col].isna().sum())} rows without {col}")
