@@ -29,7 +29,7 @@ import os
 import re
 import string
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -51,12 +51,12 @@ class PromptLeakError(PromptError):
 
 
 # --- the registry ---------------------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
+@cache
 def _schema() -> dict:
     return json.loads(resources.files("retinabench").joinpath("schemas_json", "prompts.schema.json").read_text())
 
 
-def load_prompts(path: str | os.PathLike) -> "PromptRegistry":
+def load_prompts(path: str | os.PathLike) -> PromptRegistry:
     """Load and validate a prompt registry file."""
     import jsonschema
     path = Path(path)
@@ -261,7 +261,7 @@ def forbidden_fields(task: dict) -> set[str]:
     out = {task["label"]}
     derive = task.get("derive") or {}
     if isinstance(derive, dict) and "sources" in derive:
-        out |= set(derive["sources"]) | set((derive.get("unlabelled") or {}))
+        out |= set(derive["sources"]) | set(derive.get("unlabelled") or {})
     out |= set(task.get("prompt_forbidden") or [])
     return out
 

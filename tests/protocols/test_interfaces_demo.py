@@ -1,7 +1,6 @@
 """The interfaces demo on the phantom (python -m retinabench.testing.interfaces_demo): one tiny model per
 interface, every prompt set, the files and tables it writes agree with its predictions."""
 import pandas as pd
-import pytest
 
 from retinabench.schemas import read_table
 from retinabench.testing.interfaces_demo import run_demo

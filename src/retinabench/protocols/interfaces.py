@@ -69,7 +69,7 @@ class ZeroShotSettings:
     device: str = "auto"
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> "ZeroShotSettings":
+    def from_config(cls, section: Mapping[str, Any] | None) -> ZeroShotSettings:
         return _settings_from(cls, section, "zeroshot settings")
 
 
@@ -86,7 +86,7 @@ class MLLMSettings:
     dtype: str = "auto"
 
     @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> "MLLMSettings":
+    def from_config(cls, section: Mapping[str, Any] | None) -> MLLMSettings:
         out = _settings_from(cls, section, "mllm settings")
         if int(out.max_new_tokens) < 1:
             raise ValueError(f"mllm settings: max_new_tokens must be >= 1, got {out.max_new_tokens}")

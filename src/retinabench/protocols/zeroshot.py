@@ -93,7 +93,7 @@ class DualEncoder:
     logit_bias: float | None
     weights: dict = field(default_factory=dict)
 
-    def to(self, device) -> "DualEncoder":
+    def to(self, device) -> DualEncoder:
         self.module.to(device)
         return self
 
