@@ -36,7 +36,8 @@ def test_one_job_per_model_and_task_set_for_each_interface_over_the_focus_grid(f
         "medgemma_27b_it"}
     for j in zs + ml:
         assert j.resources["gpu"] == 1  # routed to the GPU partition by the Slurm profile
-        assert j.predictions_path("results") == f"results/{j.interface}/{j.encoder}/all/predictions.parquet"
+        assert j.predictions_path("results") == f"results/predictions/{j.interface}/{j.encoder}/all.parquet"
+        assert j.metrics_path("results") == f"results/metrics/{j.interface}/{j.encoder}/all.parquet"
     # an MLLM generates once per prompt set; a dual encoder embeds its images once
     g = encoders["gemma3_27b_it"]
     assert job_resources(g, 10, 3)["runtime"] == 3 * job_resources(g, 10, 1)["runtime"]

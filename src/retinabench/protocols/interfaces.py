@@ -169,7 +169,13 @@ class InterfaceJob:
     resources: dict
 
     def predictions_path(self, results: str) -> str:
-        return f"{results}/{self.interface}/{self.encoder}/{self.task_set}/predictions.parquet"
+        """Where the job's predictions go, in the layout every protocol's predictions share
+        (``predictions/<source>/<encoder>/<name>``: the reliability layer's source is the interface, its name the
+        task set)."""
+        return f"{results}/predictions/{self.interface}/{self.encoder}/{self.task_set}.parquet"
+
+    def metrics_path(self, results: str) -> str:
+        return f"{results}/metrics/{self.interface}/{self.encoder}/{self.task_set}.parquet"
 
 
 def job_resources(entry: dict, n_datasets: int, n_prompt_sets: int) -> dict:
