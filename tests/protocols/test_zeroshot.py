@@ -160,3 +160,38 @@ def test_ece_difference_is_focus_minus_native(zs_predictions):
     assert row["ece_focus"] == pytest.approx(ece(f["y_true"].to_numpy(), f[["p_no", "p_yes"]].to_numpy()))
     assert row["ece_native"] == pytest.approx(ece(n["y_true"].to_numpy(), n[["p_no", "p_yes"]].to_numpy()))
     assert row["ece_diff"] == pytest.approx(row["ece_focus"] - row["ece_native"])
+
+
+@pytest.mark.parametrize("kind", ["open_clip", "siglip"])
+def test_check_encoder_verifies_the_text_tower_of_a_zero_shot_entry(tiny_duals, kind, tmp_path):
+    """check-encoder on a zeroshot entry: the image tower as for any encoder, then both towers, the tokenizer and
+    the head the zeroshot protocol uses; a text tower that does not load fails the check."""
+    from retinabench.models.check import check_encoder
+    entry, weights = tiny_duals[kind]
+    ok, lines = check_encoder(entry, weights=weights)
+    text = "\n".join(lines)
+    assert ok, text
+    assert "zero-shot (both towers, tokenizer)" in text and "shared embedding dimension" in text
+    assert ("sigmoid(logit_scale" in text) == (kind == "siglip")
+    if kind == "siglip":  # without its tokenizer files the image tower still loads, zero-shot does not
+        import shutil
+        shutil.copytree(weights, tmp_path / "w")
+        for f in (tmp_path / "w").glob("tokenizer*"):
+            f.unlink()
+        ok, lines = check_encoder(entry, weights=tmp_path / "w")
+        text = "\n".join(lines)
+        assert not ok and "embedding dimension" in text and "zero-shot (both towers, tokenizer):\n    FAILED" in text
+
+
+def test_a_siglip_with_a_sentencepiece_tokenizer_loads_as_published(tmp_path):
+    """google/siglip-* and MedSigLIP publish spiece.model + tokenizer_config.json (no tokenizer.json): the dual
+    encoder loads it through the same loader (needs sentencepiece and protobuf), and texts are tokenised by it."""
+    import os
+    entry = build_tiny_siglip(tmp_path, tokenizer="sentencepiece")
+    assert "spiece.model" in os.listdir(tmp_path) and "tokenizer.json" not in os.listdir(tmp_path)
+    dual = load_dual_encoder(entry, weights=tmp_path)
+    assert "spiece.model" in dual.weights["files"]
+    import torch
+    with torch.inference_mode():
+        emb = dual.encode_text(["a fundus photograph of diabetic retinopathy", "a healthy eye"]).numpy()
+    assert emb.shape == (2, 32) and not np.allclose(emb[0], emb[1])

@@ -41,7 +41,41 @@ def check_encoder(entry: dict, weights: str | Path | None = None) -> tuple[bool,
     if w.get("pipeline_checked"):
         lines.append(f"  normalisation / input size agree with: {', '.join(w['pipeline_checked'])}")
     lines.append(f"  embedding dimension: {enc.embed_dim} (declared {entry.get('embed_dim', 'not declared')})")
+    if "zeroshot" in (entry.get("interfaces") or []):
+        ok, more = check_text_tower(entry, weights)
+        lines += more
+        if not ok:
+            return False, lines
     lines.append("  OK")
+    return True, lines
+
+
+def check_text_tower(entry: dict, weights: str | Path | None = None) -> tuple[bool, list[str]]:
+    """The zero-shot side of a dual encoder: both towers and the tokenizer through the strict loader, the head
+    the ``zeroshot`` protocol uses (learned logit scale, SigLIP bias), and one image and one text embedded into
+    the same space."""
+    import numpy as np
+
+    from retinabench.models.loaders import WeightsError
+    from retinabench.models.lock import LockError
+    from retinabench.protocols.zeroshot import embed_images, load_dual_encoder
+    lines = ["  zero-shot (both towers, tokenizer):"]
+    try:
+        dual = load_dual_encoder(entry, weights=weights)
+        import torch
+        with torch.inference_mode():
+            text = dual.encode_text(["a colour fundus photograph of a retina"]).float().cpu().numpy()
+        image = embed_images(dual, np.zeros((1, dual.input_size, dual.input_size, 3), np.uint8), device="cpu")
+    except (WeightsError, LockError, OSError, KeyError, ValueError, ImportError) as err:
+        lines.append(f"    FAILED: {type(err).__name__}: {err}")
+        return False, lines
+    head = (f"softmax(logit_scale {dual.logit_scale:.4g} x cos)" if dual.logit_bias is None else
+            f"sigmoid(logit_scale {dual.logit_scale:.4g} x cos + logit_bias {dual.logit_bias:.4g})")
+    lines.append(f"    {dual.family} family, head {head}; FOCUS scoring: softmax(100 x cos)")
+    if text.shape[-1] != image.shape[-1]:
+        lines.append(f"    FAILED: text embedding dimension {text.shape[-1]} != image {image.shape[-1]}")
+        return False, lines
+    lines.append(f"    shared embedding dimension: {text.shape[-1]}")
     return True, lines
 
 

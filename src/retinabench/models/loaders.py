@@ -606,7 +606,7 @@ def _hf_from_pretrained(entry: dict, files: dict[str, Path], cls_name: str, drop
             side_cls = getattr(transformers, processor)
             try:
                 side = side_cls.from_pretrained(folder, local_files_only=True, **remote)
-            except (OSError, ValueError, TypeError) as err:
+            except (OSError, ValueError, TypeError, ImportError) as err:  # ImportError: sentencepiece / protobuf
                 raise WeightsError(f"{what}: cannot load its {processor} from the pinned files {sorted(files)} "
                                    f"({type(err).__name__}: {err}); list the tokenizer / processor files in "
                                    f"the entry's hf_files") from err

@@ -244,11 +244,33 @@ def _dual_tokenizer():
     return tok
 
 
-def build_tiny_siglip(folder: str | Path, seed: int = 0) -> dict:
-    """A 1+1-layer transformers SigLIP (28-px images) + WordLevel tokenizer + processor file, saved to ``folder``."""
+SPIECE_TEXT = ("a fundus photograph of diabetic retinopathy", "a retinal image of a healthy eye with no disease",
+               "glaucoma referable macular edema optic disc cup", "an image showing signs of retinopathy")
+
+
+def sentencepiece_tokenizer(folder: Path, vocab_size: int = 48):
+    """A SigLIP tokenizer over a SentencePiece model trained here on a few prompt words (``spiece.model`` +
+    ``tokenizer_config.json`` only, as google/siglip-* and MedSigLIP publish it: transformers needs the
+    sentencepiece and protobuf packages to read it)."""
+    import sentencepiece as spm
+    from transformers import SiglipTokenizer
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = folder / "spiece_corpus.txt"
+    corpus.write_text("\n".join(SPIECE_TEXT * 20))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "spiece"), vocab_size=vocab_size,
+                                   model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                   hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    for f in (corpus, folder / "spiece.vocab"):
+        f.unlink()
+    return SiglipTokenizer(vocab_file=str(folder / "spiece.model"), model_max_length=16)
+
+
+def build_tiny_siglip(folder: str | Path, seed: int = 0, *, tokenizer: str = "wordlevel") -> dict:
+    """A 1+1-layer transformers SigLIP (28-px images) + tokenizer + processor file, saved to ``folder``;
+    ``tokenizer``: ``wordlevel`` (tokenizer.json) or ``sentencepiece`` (spiece.model, the published SigLIP form)."""
     from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
     folder = Path(folder)
-    tok = _dual_tokenizer()
+    tok = _dual_tokenizer() if tokenizer == "wordlevel" else sentencepiece_tokenizer(folder)
     torch.manual_seed(seed)
     cfg = dict(vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
                                   image_size=28, patch_size=14),
