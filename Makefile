@@ -1,10 +1,11 @@
 # make demo: set up .venv and run the default pipeline on the embedded phantom dataset.
 # make test: set up .venv and run the test suite (what CI runs).
+# make lint: ruff, snakefmt --check and envs/ against requirements.lock (CI runs it before the tests).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test lint install bench clean
 
 install: $(STAMP)
 
@@ -20,6 +21,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -ra
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench workflow envs
+	$(VENV)/bin/snakefmt --check workflow Snakefile
+	$(PY) envs/sync.py --check
 
 bench: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) bench/run_all.py

@@ -27,9 +27,9 @@ include: "workflow/rules/compute.smk"
 
 
 rule all:
-    input:
-        all_targets(),
     default_target: True
+    input:
+        P.all_targets(),
 
 
-apply_site_resources()  # workflow/rules/resources.smk: Slurm partition / GPU request of every rule (docs/slurm.md)
+apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)

@@ -78,7 +78,7 @@ def test_reliability_point_metrics_count_invalid_answers_like_the_bootstrap():
     """thresholds.point_metrics (reliability point estimates) and the weighted bootstrap agree on invalid
     decisions: wrong for accuracy, a false negative of a positive, in every denominator."""
     from retinabench.metrics.thresholds import point_metrics
-    from retinabench.stats.bootstrap import weighted_metrics
+    from retinabench.metrics.weighted import weighted_metrics
     names = ("accuracy", "f1", "tpr", "fpr", "ppr", "auroc", "ece")
     pt = point_metrics(names, Y, PROBA, PRED)
     boot = weighted_metrics(names, Y, PROBA, PRED, np.ones((1, len(Y))))

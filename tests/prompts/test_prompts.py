@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from retinabench.prompts import (PromptError, PromptLeakError, forbidden_fields, load_prompts, prompt_sensitivity,
-                                 protocol_name, render_questions, render_snapshot, split_protocol)
+from retinabench.analysis.prompts import prompt_sensitivity, render_snapshot
+from retinabench.prompts import (PromptError, PromptLeakError, forbidden_fields, load_prompts,
+                                 protocol_name, render_questions, split_protocol)
 from retinabench.registry import load_registry
 
 from tests.conftest import REPO

@@ -8,13 +8,14 @@ import pandas as pd
 import pytest
 
 from retinabench.metrics.classification import metrics_table
-from retinabench.prompts import load_prompts, prompt_sensitivity
+from retinabench.analysis.prompts import prompt_sensitivity
+from retinabench.prompts import load_prompts
 from retinabench.protocols.interfaces import (INTERFACES, MLLMSettings, TaskInput, ZeroShotSettings, interface_of,
                                               selected_entries)
 from retinabench.protocols.mllm import answer_counts
 from retinabench.protocols.zeroshot import ece_difference
 from retinabench.schemas import read_table, write_table
-from retinabench.stages_reliability import evaluate_predictions, reliability_settings
+from retinabench.reliability import evaluate_predictions, reliability_settings
 from retinabench.testing.tiny_models import build_tiny_siglip
 
 from tests.conftest import REPO

@@ -6,7 +6,6 @@ from __future__ import annotations
 from retinabench.figures.style import domain_color, domain_legend, save  # noqa: I001 (sets the Agg backend)
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from retinabench.saliency.postprocess import heatmap

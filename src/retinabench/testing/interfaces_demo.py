@@ -42,13 +42,14 @@ def phantom_inputs(root: Path, registries, n_patients: int, image_size: int = 64
 def run_demo(out: str | Path, *, n_patients: int = 40, repo: str | Path | None = None, log=print,
              zeroshot_models=ZEROSHOT_MODELS, mllm_models=MLLM_MODELS) -> dict:
     from retinabench.metrics.classification import metrics_table
-    from retinabench.prompts import load_prompts, prompt_sensitivity
+    from retinabench.analysis.prompts import prompt_sensitivity
+    from retinabench.prompts import load_prompts
     from retinabench.protocols.interfaces import INTERFACES, TaskInput
     from retinabench.protocols.mllm import answer_counts
     from retinabench.protocols.zeroshot import ece_difference
     from retinabench.registry import Registries
     from retinabench.schemas import write_table
-    from retinabench.stages_reliability import evaluate_predictions, reliability_settings
+    from retinabench.reliability import evaluate_predictions, reliability_settings
     from retinabench.testing import tiny_models as tm
     repo = Path(repo) if repo else Path(__file__).resolve().parents[3]
     out = Path(out)
