@@ -93,6 +93,18 @@ class MLLMSettings:
         return out
 
 
+def section_defaults(settings_cls) -> dict[str, Any]:
+    """A config section's defaults: the planning keys (``enabled``; ``encoders``: null = every registry entry
+    declaring the interface; ``task_sets``: null = one set ``all`` of the config's tasks) + the job settings."""
+    job = {f.name: (list(f.default) if isinstance(f.default, tuple) else f.default) for f in fields(settings_cls)}
+    return {"enabled": False, "encoders": None, "task_sets": None, **job}
+
+
+def job_settings(section: Mapping[str, Any], settings_cls):
+    """The job settings of a merged config section (the planning keys removed)."""
+    return settings_cls.from_config({k: v for k, v in section.items() if k not in ("enabled", "encoders", "task_sets")})
+
+
 @dataclass(frozen=True)
 class InterfaceSpec:
     """One interface for the protocol registry: the registry entries it selects (``entry_interface`` in their
