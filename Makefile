@@ -1,6 +1,6 @@
 # make demo: set up .venv and run the default pipeline on the embedded phantom dataset.
 # make test: set up .venv and run the test suite (what CI runs).
-# make lint: ruff, snakefmt --check and envs/ against requirements.lock (CI runs it before the tests).
+# make lint: ruff, snakefmt --check, envs/ against requirements.lock, snakemake --lint (CI runs it before the tests).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench workflow envs
 	$(VENV)/bin/snakefmt --check workflow Snakefile
 	$(PY) envs/sync.py --check
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/snakemake --lint
 
 bench: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) bench/run_all.py

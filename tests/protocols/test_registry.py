@@ -26,6 +26,23 @@ def test_duplicates_and_unknown_kinds_are_refused():
         reg.check(["zeroshot"], "features", "protocols")
 
 
+def test_a_prompt_protocol_with_typed_settings_fits_the_registry():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Typed:
+        batch_size: int = 64
+
+        @classmethod
+        def from_config(cls, section):
+            return cls(**section)
+
+    spec = Protocol("mllm", "prompts", "retinabench.protocols.centroid:predict", section="mllm",
+                    family=("mllm", "mllm_renorm"), settings_class=Typed)
+    assert spec.settings({"mllm": {"batch_size": 8}}) == Typed(8)
+    assert spec.job() is predict
+
+
 def test_schema_enums_and_config_sections_come_from_the_registry():
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())["properties"]
     assert schema["protocols"]["items"]["enum"] == frozen_protocols()

@@ -62,9 +62,10 @@ class AnalysisContext:
         # `finetune.enabled`. They join the rank analyses only when they cover every encoder, task and regime
         # (ranks are comparable across protocols only over the same encoders); the FT-LP gap needs no more than
         # the encoders and tasks both protocols ran.
-        ft = config.get("finetune") or {}
-        ft_protocols = list(ft.get("protocols") or ["finetune", "linear_aug"]) if ft.get("enabled") else []
-        ft_regimes = list(ft.get("regimes") or config["regimes"])
+        from retinabench.settings import finetune_settings
+        ft = finetune_settings(config)  # the one set of fine-tuning defaults
+        ft_protocols = list(ft["protocols"]) if ft["enabled"] else []
+        ft_regimes = list(ft["regimes"] or config["regimes"])
 
         def covers(subset, full):
             return subset is None or set(full) <= set(subset)

@@ -12,7 +12,8 @@ A :class:`Protocol` declares
   seed, balanced, settings) -> (model, training-log rows or None)`` and ``predict(model, x) -> [n, n_classes]``
   probabilities; for the other kinds the job function (``module:function``) their pipeline stage calls;
 * ``deterministic`` — runs once (seed 0) instead of once per seed;
-* ``family`` — the protocol names one job of it writes (``zeroshot`` writes ``zeroshot`` and ``zeroshot_focus``).
+* ``family`` — the protocol names one job of it writes (``zeroshot`` writes ``zeroshot`` and ``zeroshot_focus``);
+* ``settings_class`` — optional typed settings (``from_config(section)``) instead of the ``defaults`` dict.
 
 A new frozen probe is one module (``fit`` / ``predict``) + one entry here + its config section; the frozen and
 transfer jobs, the config checks and the reliability / analysis layers pick it up from here.
@@ -36,6 +37,7 @@ class Protocol:
     deterministic: bool = False
     family: tuple[str, ...] = ()
     description: str = ""
+    settings_class: Any = None  # typed settings: a class with from_config(section) (e.g. a frozen dataclass)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -58,8 +60,11 @@ class Protocol:
         return getattr(importlib.import_module(module), fn)
 
     def settings(self, config: dict) -> dict:
-        """Its config section over its defaults; unknown keys are an error naming the section."""
+        """Its config section over its defaults (unknown keys are an error naming the section), or, with a
+        ``settings_class``, that class built from the section (its own validation)."""
         given = dict(config.get(self.section) or {}) if self.section else {}
+        if self.settings_class is not None:
+            return self.settings_class.from_config(given)
         unknown = sorted(set(given) - set(self.defaults))
         if unknown:
             raise KeyError(f"{self.section}: unknown key(s) {unknown}; known: {sorted(self.defaults)}")
