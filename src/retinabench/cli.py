@@ -51,11 +51,13 @@ def cmd_encoders(args) -> int:
     from retinabench.models.lock import lock_state
     reg = _registries(args)
     rows = [{"name": n, "source": e["source"], "domain": e["domain"], "method": e["method"],
-             "params_m": e.get("params_m", ""), "size_class": e["size_class"], "pooling": e["pooling"],
+             "params_m": e.get("params_m", ""), "size_class": e["size_class"], "pooling": e.get("pooling", "-"),
+             "interfaces": "/".join(e.get("interfaces") or ["features"]),
              "studies": "/".join(e.get("studies") or []) or "-",
              "lock": "random init" if e.get("init") == "random" else lock_state(e, e.get("lock"))}
             for n, e in reg.encoders.items()]
-    print(_table(rows, ["name", "source", "domain", "method", "params_m", "size_class", "pooling", "studies", "lock"]))
+    print(_table(rows, ["name", "source", "domain", "method", "params_m", "size_class", "pooling", "interfaces",
+                        "studies", "lock"]))
     return 0
 
 

@@ -33,6 +33,10 @@ def test_focus_grid_is_its_10_datasets_and_harmonised_tasks_with_every_gap_expla
     config = _config("focus")
     p = plan(config)
     assert len(p.datasets) == 10 and all(registries.task(t).get("harmonised") for t in p.tasks)
+    # the grid's encoders are the registry's FOCUS image encoders (vision models and the VLMs' image towers)
+    focus_features = {n for n, e in registries.encoders.items() if "focus" in (e.get("studies") or [])
+                      and "features" in (e.get("interfaces") or ["features"]) and "variant_of" not in e}
+    assert set(p.encoders) == focus_features and len(p.encoders) == 16
     groups = harmonised_groups({t: registries.task(t) for t in p.tasks})
     assert {g: len(v) for g, v in groups.items()} == {"any_dr_cfp": 7, "referable_dr_cfp": 5, "gon_cfp": 4}
     catalogue = config["reliability"]["harmonised"]

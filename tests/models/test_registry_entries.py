@@ -14,7 +14,11 @@ from retinabench.models.published import reduced_hf_config, save_transformers_ch
 from retinabench.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[2]
-ENTRIES = load_registry(REPO / "config/encoders.yaml", "encoders")
+# Image encoders (the features interface); mllm entries have no image tower of their own here: their offline
+# check (architecture on meta, parameter count, a reduced checkpoint through the real loader) is in
+# tests/protocols/test_mllm_registry.py.
+ENTRIES = {n: e for n, e in load_registry(REPO / "config/encoders.yaml", "encoders").items()
+           if "mllm" not in (e.get("interfaces") or [])}
 
 
 def _param_count(module) -> float:
@@ -87,7 +91,9 @@ def test_every_study_encoder_is_declared():
     assert len(ocular) == 32, sorted(ocular)
     assert focus == {"vit_large_patch16_in21k", "dinov2_vitl14", "dinov3_vitl16", "visionfm_fundus",
                      "retfound_mae_cfp", "retfound_mae_oct", "retfound_mae_meh", "retfound_mae_shanghai",
-                     "retfound_dinov2_meh", "retfound_dinov2_shanghai"}
+                     "retfound_dinov2_meh", "retfound_dinov2_shanghai",
+                     # FOCUS's CLIP-like VLMs (their image towers; zero-shot where the text tower loads here)
+                     "clip_vitb32_openai", "siglip2_base_patch16_224", "medsiglip_448", "eyeclip", "ret_clip", "flair"}
     for n in ocular | focus:
         e = ENTRIES[n]
         for field in ("paper_name", "domain", "method", "params_m", "embed_dim", "size_class", "input_size",

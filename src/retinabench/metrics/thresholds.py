@@ -10,6 +10,11 @@ also knows ``argmax`` (the most probable class; binary: p_pos > 0.5, ties to the
 Point metrics come from scikit-learn (binary: AUROC, AUPRC = average precision, accuracy, F1 of the positive
 class, ``ece`` on the positive-class probability and ``ece_top_label``; multi-class: macro one-vs-rest AUROC/AUPRC
 over classes present, accuracy, macro F1, ``ece_top_label``; both: TPR/FPR (macro for multi-class), predicted-positive rate for binary).
+
+A decision may be the invalid-answer code -1 (an MLLM answer that is neither yes nor no; see
+retinabench.metrics.classification): it predicts no class, so it is wrong for accuracy, a false negative of its
+true class, a false positive of none, and stays in every denominator (TPR = TP / all positives, FPR = FP / all
+negatives) — what the weighted bootstrap replicates compute too.
 """
 from __future__ import annotations
 
@@ -90,9 +95,10 @@ def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10) -> dict[str, 
     cms: dict[str, np.ndarray] = {}  # one confusion matrix per call (sklearn's input checks dominate the cost)
 
     def confusion(binary: bool) -> np.ndarray:
+        """Confusion matrix over the classes plus a last column for the invalid code (-1): rows are true classes."""
         key = "binary" if binary else "all"
         if key not in cms:
-            cms[key] = skm.confusion_matrix(y, pred, labels=[0, 1] if binary else labels)
+            cms[key] = skm.confusion_matrix(y, pred, labels=[*([0, 1] if binary else labels), -1])[:-1]
         return cms[key]
 
     for name in names:
@@ -101,7 +107,7 @@ def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10) -> dict[str, 
         if len(y) == 0:
             out[name] = float("nan")
         elif name == "accuracy":
-            out[name] = np.trace(confusion(k == 2)) / len(y)  # = skm.accuracy_score (labels cover all classes)
+            out[name] = np.trace(confusion(k == 2)) / len(y)  # = skm.accuracy_score (an invalid decision: wrong)
         elif name == "auroc":
             out[name] = skm.roc_auc_score(y, proba[:, 1]) if len(present) == 2 else float("nan")
         elif name == "auprc":
@@ -114,7 +120,10 @@ def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10) -> dict[str, 
             fn = skm.roc_auc_score if name == "auroc_macro" else skm.average_precision_score
             out[name] = fn(onehot[:, present], proba[:, present], average="macro")
         elif name == "f1":
-            out[name] = skm.f1_score(y, pred, pos_label=1, average="binary", zero_division=0)
+            # = skm.f1_score(pos_label=1, zero_division=0), which refuses the invalid code as a third label
+            cm = confusion(True)
+            tp, fp, fn = cm[1, 1], cm[0, 1], cm[1].sum() - cm[1, 1]
+            out[name] = 2 * tp / (2 * tp + fp + fn) if 2 * tp + fp + fn else 0.0
         elif name == "f1_macro":
             out[name] = skm.f1_score(y, pred, labels=labels, average="macro", zero_division=0)
         elif name == "ece":
@@ -124,7 +133,9 @@ def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10) -> dict[str, 
         elif name == "ppr":
             out[name] = float(np.mean(pred == 1))
         elif name in ("tpr", "fpr"):
-            (tn, fp), (fn, tp) = confusion(True)
+            cm = confusion(True)
+            tp, fp = cm[1, 1], cm[0, 1]
+            fn, tn = cm[1].sum() - tp, cm[0].sum() - fp
             den = tp + fn if name == "tpr" else fp + tn
             out[name] = (tp if name == "tpr" else fp) / den if den else float("nan")
         elif name in ("tpr_macro", "fpr_macro"):

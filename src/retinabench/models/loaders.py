@@ -579,7 +579,11 @@ def _staged(files: dict[str, Path]) -> tempfile.TemporaryDirectory:
     return tmp
 
 
-def _hf_from_pretrained(entry: dict, files: dict[str, Path], cls_name: str, drop: list[str]):
+def _hf_from_pretrained(entry: dict, files: dict[str, Path], cls_name: str, drop: list[str],
+                        extra: dict | None = None, processor: str | None = None):
+    """``cls_name.from_pretrained`` from exactly ``files``, strictly; ``extra``: more from_pretrained keyword
+    arguments (dtype, device_map); ``processor``: also load ``AutoTokenizer`` / ``AutoProcessor`` from the same
+    verified files (returned as a fourth value)."""
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -594,8 +598,18 @@ def _hf_from_pretrained(entry: dict, files: dict[str, Path], cls_name: str, drop
         _check_hf_config(entry, config)
         cls = _hf_class(cls_name)
         kwargs = dict(entry.get("hf_kwargs") or {}) if cls_name == entry.get("hf_class", "AutoModel") else {}
-        kwargs |= remote
+        kwargs |= remote | dict(extra or {})
         model, info = cls.from_pretrained(folder, local_files_only=True, output_loading_info=True, **kwargs)
+        side = None
+        if processor is not None:
+            import transformers
+            side_cls = getattr(transformers, processor)
+            try:
+                side = side_cls.from_pretrained(folder, local_files_only=True, **remote)
+            except (OSError, ValueError, TypeError, ImportError) as err:  # ImportError: sentencepiece / protobuf
+                raise WeightsError(f"{what}: cannot load its {processor} from the pinned files {sorted(files)} "
+                                   f"({type(err).__name__}: {err}); list the tokenizer / processor files in "
+                                   f"the entry's hf_files") from err
     report = KeyReport(missing=sorted(info.get("missing_keys") or []),
                        unexpected=[k for k in sorted(info.get("unexpected_keys") or [])
                                    if not any(fnmatch.fnmatchcase(k, p) for p in drop)],
@@ -605,6 +619,8 @@ def _hf_from_pretrained(entry: dict, files: dict[str, Path], cls_name: str, drop
         raise WeightsError(f"{what}: transformers load errors {info['error_msgs'][:3]}", report)
     if not report.ok:
         raise WeightsError(f"{what}: checkpoint does not match the architecture: {report.problems()}", report)
+    if processor is not None:
+        return model, config, report, side
     return model, config, report
 
 
@@ -613,6 +629,21 @@ def load_transformers_model(entry: dict, weights: str | Path | None = None):
     files, prov = weight_files(entry, weights)
     model, config, report = _hf_from_pretrained(entry, files, entry.get("hf_full_class", "AutoModel"), [])
     return model.eval(), prov | report.record()
+
+
+def load_transformers_with(entry: dict, weights: str | Path | None = None, *, processor: str = "AutoTokenizer",
+                           cls_name: str | None = None, extra: dict | None = None):
+    """The whole transformers model and its tokenizer or processor (``processor``: ``AutoTokenizer`` for dual
+    encoders, ``AutoProcessor`` for image-text-to-text models), both from the entry's verified files, the model
+    loaded strictly (declared ``drop_keys`` aside). Returns ``(model, tokenizer_or_processor, provenance)``;
+    the processor files are checked against the entry's normalisation and input size where it declares them."""
+    files, prov = weight_files(entry, weights)
+    checked = check_pipeline_files(entry, files) if "normalization" in entry else []
+    model, config, report, side = _hf_from_pretrained(entry, files, cls_name or entry.get("hf_full_class",
+                                                                                         "AutoModel"),
+                                                      entry.get("full_drop_keys") or [], extra=extra,
+                                                      processor=processor)
+    return model.eval(), side, prov | report.record() | {"pipeline_checked": checked}
 
 
 def load_open_clip_model(entry: dict, weights: str | Path | None = None):

@@ -179,12 +179,21 @@ def verified_record(entry: dict) -> dict:
 
 
 # --- locking (needs the network for hub and url entries) -------------------------------------------------------
+def is_glob(name: str) -> bool:
+    """An ``hf_files`` item with a glob character is an optional pattern over the repo's files (tokenizer,
+    processor and chat-template files differ between repos); a plain name must exist."""
+    return any(c in name for c in "*?[")
+
+
 def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:
     from huggingface_hub import hf_hub_download
+    import fnmatch
     import json
     files = []
     for f in requested_files(entry):
-        if f in repo_files:
+        if is_glob(f):
+            files += sorted(r for r in repo_files if fnmatch.fnmatchcase(r, f) and "/" not in r)
+        elif f in repo_files:
             files.append(f)
         elif f.endswith(".safetensors") and f + ".index.json" in repo_files:  # sharded weights: index + shards
             index = json.loads(Path(hf_hub_download(entry["hub_id"], f + ".index.json", revision=revision)).read_text())
@@ -202,7 +211,7 @@ def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:
         else:
             raise LockError(f"encoder {entry['name']!r}: {entry['hub_id']}@{revision} has no file {f!r}; "
                             f"its files: {sorted(repo_files)[:40]}")
-    return files
+    return list(dict.fromkeys(files))
 
 
 def lock_entry(entry: dict) -> dict:

@@ -125,6 +125,19 @@ register(Protocol("finetune", "images", "retinabench.protocols.finetune:run_fine
 register(Protocol("linear_aug", "images", "retinabench.protocols.finetune:run_finetune", section="finetune",
                   description="frozen encoder, linear head trained on augmented images (the paper's linear probe)"))
 
+# -- prompts (retinabench.protocols.interfaces: settings, job planning; one job per entry x task set) -------------
+from retinabench.protocols.interfaces import MLLMSettings, ZeroShotSettings, section_defaults  # noqa: E402
+
+register(Protocol("zeroshot", "prompts", "retinabench.protocols.zeroshot:run", section="zeroshot",
+                  defaults=section_defaults(ZeroShotSettings), deterministic=True,
+                  family=("zeroshot", "zeroshot_focus"),
+                  description="CLIP-like zero-shot: the model's own head (zeroshot) and FOCUS's x100 softmax "
+                              "(zeroshot_focus)"))
+register(Protocol("mllm", "prompts", "retinabench.protocols.mllm:run", section="mllm",
+                  defaults=section_defaults(MLLMSettings), deterministic=True, family=("mllm", "mllm_renorm"),
+                  description="MLLM yes/no prompting: raw p_yes (mllm, FOCUS) and p_yes/(p_yes+p_no) (mllm_renorm), "
+                              "one parsed answer, invalid answers kept"))
+
 
 def frozen_protocols() -> list[str]:
     return PROTOCOLS.names("features")

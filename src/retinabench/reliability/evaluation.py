@@ -64,12 +64,16 @@ def prepare_predictions(preds: pd.DataFrame, tasks: dict[str, dict], source: str
     bad = sorted(set(out["split"]) - {"val", "test"})
     if bad:
         raise ValueError(f"predictions ({source}): split values {bad}; expected val and test")
-    for t, rows in out.groupby("task"):
+    from retinabench.metrics.classification import has_answers
+    # generated answers: an invalid one is y_pred = -1, kept and counted wrong
+    for (t, _), rows in out.groupby(["task", "protocol"]):
         k = len(tasks[t]["classes"])
-        wrong = sorted(set(rows["y_pred"].dropna().astype(int)) - set(range(k)))
+        answered = has_answers(rows)
+        wrong = sorted(set(rows["y_pred"].dropna().astype(int)) - set(range(k)) - ({-1} if answered else set()))
         if wrong or rows["y_pred"].isna().any():
-            raise ValueError(f"predictions ({source}) for task {t!r}: y_pred must be a class index 0..{k - 1}, got "
-                             f"{wrong or 'missing values'}")
+            extra = " (or -1, an invalid answer)" if answered else ""
+            raise ValueError(f"predictions ({source}) for task {t!r}: y_pred must be a class index 0..{k - 1}{extra}, "
+                             f"got {wrong or 'missing values'}")
     return out
 
 

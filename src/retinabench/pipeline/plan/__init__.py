@@ -14,6 +14,7 @@ import sys
 from retinabench.pipeline.plan.analysis import AnalysisPlan
 from retinabench.pipeline.plan.core import CorePlan, alternatives, intended_executor
 from retinabench.pipeline.plan.finetune import FinetunePlan
+from retinabench.pipeline.plan.interfaces import InterfacesPlan
 from retinabench.pipeline.plan.reliability import ReliabilityPlan
 from retinabench.pipeline.plan.saliency import ComputePlan, SaliencyPlan
 from retinabench.workflow_plan import ConfigError, check_config
@@ -23,6 +24,7 @@ class WorkflowPlan(CorePlan):
     def __init__(self, config: dict):
         super().__init__(config)
         self.finetune = FinetunePlan(self)
+        self.interfaces = InterfacesPlan(self)
         self.reliability = ReliabilityPlan(self, self.prediction_files)
         self.analysis = AnalysisPlan(self, self.metrics_files)
         self.saliency = SaliencyPlan(self, self.finetune)
@@ -42,15 +44,16 @@ class WorkflowPlan(CorePlan):
         kinds = {PROTOCOLS.get(p).kind for p in self.config["protocols"]}
         files = self.frozen_prediction_files() if "features" in kinds else {}
         files.update(self.finetune.prediction_files())
+        files.update(self.interfaces.prediction_files())  # `prompts` protocols: one table per (entry, task set)
         return files
 
     def metrics_files(self) -> list[str]:
         """Per-job metrics tables of every protocol the config runs (collect_metrics concatenates them)."""
-        return self.frozen("metrics") + self.finetune.metrics_files()
+        return self.frozen("metrics") + self.finetune.metrics_files() + self.interfaces.metrics_files()
 
     def all_targets(self) -> list[str]:
         return (self.targets() + self.analysis.targets() + self.reliability.targets() + self.finetune.targets()
-                + self.saliency.targets() + self.compute.targets())
+                + self.saliency.targets() + self.compute.targets() + self.interfaces.targets())
 
     # -- start-up ------------------------------------------------------------------------------------------
     def raw_fingerprint(self, dataset: str, *, main_process: bool) -> list[str]:
@@ -83,6 +86,10 @@ class WorkflowPlan(CorePlan):
             self.raw_fingerprint(dataset, main_process=True)
         for note in check_config(self.config, self.selection, local=self.local):
             print(f"retinabench: {note}", file=sys.stderr)
+        self.interfaces.print_notes()
+        unpinned = self.interfaces.problems()
+        if unpinned:
+            raise ConfigError([f"zeroshot / mllm: {p}" for p in unpinned])
         sal_devices, _ = self.saliency.problems()
         if sal_devices:
             raise ConfigError(sal_devices)
@@ -92,4 +99,4 @@ class WorkflowPlan(CorePlan):
 
 
 __all__ = ["AnalysisPlan", "ComputePlan", "CorePlan", "FinetunePlan", "ReliabilityPlan", "SaliencyPlan",
-           "WorkflowPlan", "alternatives", "intended_executor"]
+           "InterfacesPlan", "WorkflowPlan", "alternatives", "intended_executor"]

@@ -41,8 +41,12 @@ class ReliabilityPlan:
         return {**self._upstream(), **self.transfer_prediction_files()}
 
     def tasks_of(self, source: str, name: str) -> list[str]:
-        """Task names a predictions table covers: a transfer group's tasks, else the task itself."""
-        return self.transfer_groups[name] if source == "transfer" else [name]
+        """Task names a predictions table covers: a transfer group's tasks, an interface job's task set, else the
+        task itself."""
+        if source == "transfer":
+            return self.transfer_groups[name]
+        interfaces = getattr(self.core, "interfaces", None)
+        return (interfaces.tasks_of(source, name) if interfaces is not None else None) or [name]
 
     def datasets_of(self, source: str, name: str) -> list[str]:
         return list(dict.fromkeys(self.core.task_dataset(t) for t in self.tasks_of(source, name)))

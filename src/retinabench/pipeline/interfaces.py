@@ -1,0 +1,68 @@
+"""Stages of workflow/rules/interfaces.smk: the `prompts` protocols (retinabench.protocols.interfaces) — one
+(registry entry, task set) job per interface, and the interface tables (prompt-variant spread, ECE difference)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from retinabench.pipeline.job import Job, write_outputs
+from retinabench.pipeline.registry import stage
+
+
+def task_inputs(job: Job) -> list:
+    """One TaskInput per task of the job: its split, the image cache of its dataset (memory-mapped) and manifest."""
+    from retinabench.data.image_cache import open_image_cache
+    from retinabench.protocols.interfaces import TaskInput
+    from retinabench.schemas import read_table
+    datasets = job.params["job"]["datasets"]
+    manifests = dict(zip(datasets, (read_table(p, "manifest") for p in job.input["manifests"])))
+    caches = {d: open_image_cache(job.input[f"array_{d}"], job.input[f"index_{d}"]) for d in datasets}
+    out = []
+    for task, split_path in zip(job.params["job"]["tasks"], job.input["splits"]):
+        images, index = caches[task["dataset"]]
+        out.append(TaskInput(task, read_table(split_path, "split"), list(index["image_id"]), images,
+                             manifests[task["dataset"]]))
+    return out
+
+
+@stage("zeroshot", "mllm")
+def stage_interface(job: Job) -> None:
+    import torch
+    from retinabench.metrics.classification import metrics_table
+    from retinabench.prompts import load_prompts
+    from retinabench.protocols.interfaces import INTERFACES, job_settings
+    torch.set_num_threads(max(1, job.threads))
+    interface = job.rule
+    p = job.params["job"]
+    spec, entry, section = INTERFACES[interface], p["entry"], p["settings"]
+    prompts = load_prompts(job.input["prompts"])
+    t0 = time.perf_counter()
+    preds = spec.run(entry, task_inputs(job), prompts, job_settings(section, spec.settings),
+                     weights=job.input.get("weights"))
+    extra = {"seconds": round(time.perf_counter() - t0, 2), "n_rows": int(len(preds))}
+    if interface == "mllm":
+        from retinabench.protocols.mllm import answer_counts
+        counts = answer_counts(preds)
+        extra["invalid_answers"] = {"n": int(counts["n"].sum()), "n_invalid": int(counts["n_invalid"].sum())}
+    tasks = {t["name"]: t for t in p["tasks"]}
+    # a local weights folder (the demo's tiny models) is recorded file by file
+    inputs = [str(f) for p in job.inputs_flat() for f in (sorted(Path(p).iterdir()) if Path(p).is_dir() else [p])
+              if Path(f).is_file()]
+    write_outputs(job, {"predictions": preds, "metrics": metrics_table(preds, tasks)},
+                  kinds={"predictions": "predictions", "metrics": "metrics"},
+                  config={"entry": entry, "tasks": tasks, interface: section}, extra=extra, inputs=inputs)
+
+
+@stage("interface_tables")
+def stage_interface_tables(job: Job) -> None:
+    import pandas as pd
+
+    from retinabench.analysis.prompts import prompt_sensitivity
+    from retinabench.protocols.zeroshot import ece_difference
+    from retinabench.schemas import read_table
+    metrics = pd.concat([read_table(p, "metrics") for p in job.input["metrics"]], ignore_index=True)
+    out = {"prompt_sensitivity": prompt_sensitivity(metrics)}
+    if "zeroshot_ece_difference" in job.output.keys():
+        preds = pd.concat([read_table(p, "predictions") for p in job.input["zeroshot"]], ignore_index=True)
+        out["zeroshot_ece_difference"] = ece_difference(preds, job.params["tasks"])
+    write_outputs(job, out)

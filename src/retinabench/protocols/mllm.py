@@ -1,0 +1,346 @@
+"""Multimodal-LLM yes/no prompting on the one predictions contract.
+
+One ``generate()`` call per batch gives both the answer text and the score (``output_logits`` at step one):
+batched, left-padded, greedy (sampling and repetition penalties off, so the first generated token is the argmax of
+the very distribution that is scored), a short ``max_new_tokens``, bf16 on CUDA.
+
+Score (FOCUS): the full-vocabulary softmax at the first generated position; p_yes = the max over the affirmative
+variants that encode as ONE token (``yes``/``Yes``/``YES``, bare, after a space, after a newline; a variant that
+needs several tokens, or encodes to the unknown token, does not count), p_no likewise. Protocols:
+
+* ``mllm``: the raw p_yes (FOCUS's score) as the yes-class probability, 1 − p_yes for the other class;
+* ``mllm_renorm``: p_yes / (p_yes + p_no), computed as sigmoid(log p_yes − log p_no).
+
+Both carry the same hard prediction, parsed from the generated text: the first standalone ``yes`` / ``no`` word
+(case-insensitive; ``Yes.`` and ``no,`` count, ``yesterday`` does not). Anything else is an INVALID answer: kept,
+never dropped (FOCUS drops them), encoded as ``y_pred = -1`` (:data:`INVALID`), which every hard-decision metric
+counts as wrong (retinabench.metrics.classification handles it explicitly) while ``invalid_rate`` and the
+valid-only accuracy (with its n) are reported beside it. Extra columns: ``answer`` (raw text), ``answer_valid``,
+``prob_yes``, ``prob_no``, ``mass`` (p_yes + p_no, the diagnostic of how much of the distribution is an answer
+at all), ``prompt_set`` and ``prompt`` (the rendered question). They are not named ``p_yes`` / ``p_no``: those
+are the class-probability columns of a task with classes ``no``/``yes``.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from retinabench.prompts import PromptRegistry, YesNoPrompt, protocol_name, render_questions
+
+MLLM_PROTOCOLS = ("mllm", "mllm_renorm")
+INVALID = -1
+AFFIRMATIVE = ("yes", "Yes", "YES")
+NEGATIVE = ("no", "No", "NO")
+PREFIXES = ("", " ", "\n")
+_ANSWER = re.compile(r"(?<![A-Za-z0-9])(yes|no)(?![A-Za-z0-9])", re.IGNORECASE)
+DEFAULTS: dict[str, Any] = {"max_new_tokens": 8, "batch_size": 8, "device": "auto", "dtype": "auto"}
+
+
+def parse_yes_no(text: str | None) -> str | None:
+    """``"yes"`` / ``"no"`` for the first standalone yes/no word of ``text``, else None (an invalid answer)."""
+    if not text:
+        return None
+    m = _ANSWER.search(text)
+    return m.group(1).lower() if m else None
+
+
+@dataclass(frozen=True)
+class AnswerTokens:
+    """Token ids of the yes / no variants that encode as exactly one token, and why the others do not count."""
+
+    yes_ids: tuple[int, ...]
+    no_ids: tuple[int, ...]
+    counted: dict = field(default_factory=dict)    # variant -> token id
+    excluded: dict = field(default_factory=dict)   # variant -> reason
+
+    def record(self) -> dict:
+        return {"counted": {repr(k): v for k, v in self.counted.items()},
+                "excluded": {repr(k): v for k, v in self.excluded.items()}}
+
+
+def answer_tokens(tokenizer) -> AnswerTokens:
+    """The single-token yes / no variants of ``tokenizer`` (prefixes '', ' ', '\\n' × casings)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    counted, excluded = {}, {}
+    ids: dict[str, list[int]] = {"yes": [], "no": []}
+    for kind, words in (("yes", AFFIRMATIVE), ("no", NEGATIVE)):
+        for word in words:
+            for prefix in PREFIXES:
+                variant = prefix + word
+                enc = tokenizer.encode(variant, add_special_tokens=False)
+                if len(enc) != 1:
+                    excluded[variant] = f"{len(enc)} tokens"
+                    continue
+                tid = int(enc[0])
+                if tid == unk or tid in special:
+                    excluded[variant] = "unknown/special token"
+                    continue
+                if tokenizer.decode([tid]).strip() != word:
+                    excluded[variant] = f"decodes as {tokenizer.decode([tid])!r}"
+                    continue
+                counted[variant] = tid
+                if tid not in ids[kind]:
+                    ids[kind].append(tid)
+    if not ids["yes"] or not ids["no"]:
+        raise ValueError(f"the tokenizer has no single-token {'yes' if not ids['yes'] else 'no'} variant "
+                         f"(excluded: {excluded}): the yes/no score is undefined")
+    if set(ids["yes"]) & set(ids["no"]):
+        raise ValueError(f"yes and no variants share token ids {sorted(set(ids['yes']) & set(ids['no']))}")
+    return AnswerTokens(tuple(ids["yes"]), tuple(ids["no"]), counted, excluded)
+
+
+def yes_no_scores(logits, tokens: AnswerTokens) -> dict[str, np.ndarray]:
+    """From first-step logits [B, V]: raw p_yes, p_no (full-vocabulary softmax, max over variants), their sum
+    and the renormalised p_yes / (p_yes + p_no) (in log space: exact when both are tiny)."""
+    import torch
+    logp = torch.log_softmax(torch.as_tensor(logits).float(), dim=-1)
+    lp_yes = logp[:, list(tokens.yes_ids)].max(dim=1).values.double().cpu()
+    lp_no = logp[:, list(tokens.no_ids)].max(dim=1).values.double().cpu()
+    p_yes, p_no = lp_yes.exp(), lp_no.exp()
+    return {"prob_yes": p_yes.numpy(), "prob_no": p_no.numpy(), "mass": (p_yes + p_no).numpy(),
+            "renorm": torch.sigmoid(lp_yes - lp_no).numpy()}
+
+
+# --- the model ----------------------------------------------------------------------------------------------------
+@dataclass
+class MLLM:
+    name: str
+    model: Any
+    processor: Any
+    tokens: AnswerTokens
+    device: Any
+    dtype: Any
+    weights: dict = field(default_factory=dict)
+
+    @property
+    def tokenizer(self):
+        return getattr(self.processor, "tokenizer", self.processor)
+
+
+def _resolve(device: str, dtype: str):
+    import torch
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dtype == "auto":
+        dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    else:
+        dt = getattr(torch, dtype)
+    return dev, dt
+
+
+def load_mllm(entry: dict, weights: str | Path | None = None, *, device: str = "auto", dtype: str = "auto") -> MLLM:
+    """An image-text-to-text entry's model and processor through the strict transformers loader (pinned files,
+    or ``weights``: a local folder in the hub layout), bf16 on CUDA."""
+    from retinabench.models.loaders import WeightsError, load_transformers_with
+    if "mllm" not in (entry.get("interfaces") or []):
+        raise WeightsError(f"encoder {entry['name']!r} does not declare the mllm interface")
+    if entry.get("mllm_loader", "transformers") != "transformers":
+        raise WeightsError(f"encoder {entry['name']!r}: {entry.get('notes', 'needs code outside transformers')}")
+    dev, dt = _resolve(device, dtype)
+    extra = {"dtype": dt}
+    model, processor, prov = load_transformers_with(entry, weights, processor="AutoProcessor",
+                                                    cls_name=entry.get("hf_full_class", "AutoModelForImageTextToText"),
+                                                    extra=extra)
+    model.to(dev)
+    tok = getattr(processor, "tokenizer", processor)
+    tok.padding_side = "left"  # every row's last prompt token at the same position: one batched first step
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tokens = answer_tokens(tok)
+    return MLLM(entry["name"], model, processor, tokens, dev, dt, prov | {"answer_tokens": tokens.record()})
+
+
+def greedy_config(model, max_new_tokens: int, pad_token_id: int | None, logits: bool = True):
+    """The model's generation config made purely greedy: no sampling, no beam search, no repetition penalty
+    (the first generated token is then the argmax of the scored distribution), ``max_new_tokens`` new tokens;
+    ``logits``: also return the raw logits of every step (``output_logits``)."""
+    gc = copy.deepcopy(model.generation_config)
+    gc.do_sample, gc.num_beams, gc.max_new_tokens = False, 1, int(max_new_tokens)
+    for attr, neutral in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 50), ("repetition_penalty", 1.0),
+                          ("min_p", None), ("typical_p", 1.0)):
+        if hasattr(gc, attr):
+            setattr(gc, attr, neutral)
+    gc.return_dict_in_generate, gc.output_logits, gc.output_scores = True, bool(logits), False
+    if pad_token_id is not None:
+        gc.pad_token_id = pad_token_id
+    return gc
+
+
+def _batch_inputs(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], images: Sequence[np.ndarray]):
+    proc = mllm.processor
+    texts = [proc.apply_chat_template(prompt.messages(q), add_generation_prompt=True, tokenize=False)
+             for q in questions]
+    imgs = [[np.asarray(im)] for im in images]  # one image per conversation (nested: the batched form)
+    inputs = proc(text=texts, images=imgs, padding=True, return_tensors="pt")
+    out = {}
+    for k, v in inputs.items():
+        if hasattr(v, "to"):
+            v = v.to(mllm.device)
+            if v.is_floating_point():
+                v = v.to(mllm.dtype)
+        out[k] = v
+    return out
+
+
+def generate_answers(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], images: Sequence[np.ndarray], *,
+                     max_new_tokens: int = DEFAULTS["max_new_tokens"], batch_size: int = DEFAULTS["batch_size"],
+                     score: bool = True) -> pd.DataFrame:
+    """Answer text and yes/no scores for each (question, image), in order, from one generate() per batch.
+
+    ``score=False``: the text only, from a generate() that returns no logits (the benchmark's "generate alone"
+    arm)."""
+    import torch
+    if len(questions) != len(images):
+        raise ValueError(f"{len(questions)} questions for {len(images)} images")
+    tok = mllm.tokenizer
+    gc = greedy_config(mllm.model, max_new_tokens, tok.pad_token_id, logits=score)
+    cols: dict[str, list] = {"answer": [], "prob_yes": [], "prob_no": [], "mass": [], "renorm": []}
+    mllm.model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(questions), batch_size):
+            inputs = _batch_inputs(mllm, prompt, questions[start:start + batch_size],
+                                   images[start:start + batch_size])
+            out = mllm.model.generate(**inputs, generation_config=gc)
+            new = out.sequences[:, inputs["input_ids"].shape[1]:]
+            cols["answer"] += tok.batch_decode(new, skip_special_tokens=True)
+            if score:
+                s = yes_no_scores(out.logits[0], mllm.tokens)
+                for k in ("prob_yes", "prob_no", "mass", "renorm"):
+                    cols[k] += s[k].tolist()
+    if not score:
+        return pd.DataFrame({"answer": cols["answer"]})
+    return pd.DataFrame(cols)
+
+
+def mllm_predictions(rows: pd.DataFrame, answers: pd.DataFrame, questions: Sequence[str], task: dict,
+                     encoder: str, prompt: YesNoPrompt, *, default_set: str, regime: str, part: str) -> pd.DataFrame:
+    """The predictions of one prompt set on split ``rows`` (image_id, y) from their ``answers``: both protocols
+    (``mllm``: raw p_yes; ``mllm_renorm``), the same parsed hard prediction, invalid answers kept as y_pred −1."""
+    classes = list(task["classes"])
+    yes, no = prompt.yes_index, prompt.no_index
+    parsed = [parse_yes_no(a) for a in answers["answer"]]
+    y_pred = np.array([yes if p == "yes" else no if p == "no" else INVALID for p in parsed], dtype=np.int64)
+    base = pd.DataFrame({"image_id": rows["image_id"].to_numpy(), "dataset": task["dataset"], "task": task["name"],
+                         "encoder": encoder, "seed": 0, "regime": regime, "split": part,
+                         "y_true": rows["y"].to_numpy(dtype=np.int64), "y_pred": y_pred})
+    extras = {"answer": answers["answer"].astype(str).to_numpy(), "answer_valid": y_pred != INVALID,
+              "prob_yes": answers["prob_yes"].to_numpy(dtype=np.float64),
+              "prob_no": answers["prob_no"].to_numpy(dtype=np.float64),
+              "mass": answers["mass"].to_numpy(dtype=np.float64), "prompt_set": prompt.set_name,
+              "prompt": list(questions)}
+    frames = []
+    for proto, score in (("mllm", answers["prob_yes"].to_numpy(dtype=np.float64)),
+                         ("mllm_renorm", answers["renorm"].to_numpy(dtype=np.float64))):
+        df = base.copy()
+        df.insert(4, "protocol", protocol_name(proto, prompt.set_name, default_set))
+        proba = np.zeros((len(df), 2))
+        proba[:, yes], proba[:, no] = score, 1.0 - score
+        for k, c in enumerate(classes):
+            df[f"p_{c}"] = proba[:, k]
+        frames.append(df.assign(**extras))
+    return pd.concat(frames, ignore_index=True)
+
+
+class RowView:
+    """Rows ``rows`` of an image array, read one slice at a time (a memory-mapped image cache is then read batch
+    by batch, never copied whole into memory)."""
+
+    def __init__(self, images: np.ndarray, rows: Sequence[int]):
+        self.images, self.rows = images, np.asarray(rows, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self.images[self.rows[key]]
+        return self.images[self.rows[key]]
+
+
+def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest: pd.DataFrame, split: pd.DataFrame,
+             task: dict, prompts: PromptRegistry, *, prompt_sets: Iterable[str] | None = None,
+             regimes: Sequence[str] = ("u-u",), max_new_tokens: int = DEFAULTS["max_new_tokens"],
+             batch_size: int = DEFAULTS["batch_size"]) -> pd.DataFrame:
+    """MLLM predictions of one (model, task): every mllm prompt set of the task (or ``prompt_sets``), both
+    protocols, each regime's validation and test rows. Each image is asked once per prompt set (regimes share
+    the answers). ``images``: uint8 NHWC aligned with ``image_ids``; ``manifest``: the dataset's manifest (the
+    metadata a question may use, and the label fields the leakage guard checks)."""
+    from retinabench.protocols.zeroshot import regime_queries
+    sets = list(prompt_sets) if prompt_sets is not None else prompts.sets_for("mllm", task)
+    for s, why in prompts.skipped_sets("mllm", task).items():
+        if s not in sets:
+            print(f"mllm {mllm.name}/{task['name']}: prompt set {s!r} skipped: {why}")
+    if not sets:
+        raise KeyError(f"no mllm prompt set covers task {task['name']!r} (harmonised {task.get('harmonised')!r})")
+    queries = regime_queries(split, regimes)
+    needed = list(pd.unique(pd.concat([rows["image_id"] for _, _, rows in queries])))
+    index = {i: k for k, i in enumerate(image_ids)}
+    lacking = [i for i in needed if i not in index]
+    if lacking:
+        raise KeyError(f"mllm {mllm.name}/{task['name']}: {len(lacking)} split images are not among the images "
+                       f"given, e.g. {lacking[:3]}")
+    meta = manifest[manifest["dataset"] == task["dataset"]].drop_duplicates("image_id").set_index("image_id")
+    absent = [i for i in needed if i not in meta.index]
+    if absent:
+        raise KeyError(f"mllm {mllm.name}/{task['name']}: {len(absent)} split images are not in the manifest, "
+                       f"e.g. {absent[:3]}")
+    meta_rows = meta.loc[needed].reset_index()
+    frames = []
+    for s in sets:
+        prompt = prompts.mllm(s, task)
+        questions = render_questions(prompt, meta_rows)  # every row checked before the model runs
+        answers = generate_answers(mllm, prompt, questions, RowView(images, [index[i] for i in needed]),
+                                   max_new_tokens=max_new_tokens, batch_size=batch_size)
+        answers.index = pd.Index(needed, name="image_id")
+        q_of = dict(zip(needed, questions))
+        for regime, part, rows in queries:
+            a = answers.loc[rows["image_id"]]
+            frames.append(mllm_predictions(rows, a.reset_index(drop=True), [q_of[i] for i in rows["image_id"]],
+                                           task, mllm.name, prompt, default_set=prompts.default("mllm"),
+                                           regime=regime, part=part))
+    return pd.concat(frames, ignore_index=True)
+
+
+# --- the pipeline job ---------------------------------------------------------------------------------------------
+def answer_counts(predictions: pd.DataFrame) -> pd.DataFrame:
+    """Invalid answers per (task, protocol, regime, split): n, n_invalid, invalid_rate (what the job prints)."""
+    keys = ["dataset", "task", "encoder", "protocol", "regime", "split"]
+    g = predictions.assign(invalid=predictions["y_pred"] == INVALID).groupby(keys, sort=True)["invalid"]
+    out = g.agg(n="size", n_invalid="sum").reset_index()
+    out["invalid_rate"] = out["n_invalid"] / out["n"]
+    return out
+
+
+def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *, weights: str | Path | None = None,
+        log=print) -> pd.DataFrame:
+    """One MLLM job: registry ``entry``'s model and processor loaded once (strictly, from its locked files or the
+    local folder ``weights``), then every task of ``inputs`` (:class:`~retinabench.protocols.interfaces.TaskInput`,
+    with its manifest rows) under each of its mllm prompt sets: both protocols, one generate() per batch. Invalid
+    answers are kept (``y_pred`` −1) and their count is printed per task and prompt set. Returns one predictions
+    table (the shared schema + ``answer``, ``answer_valid``, ``prob_yes``, ``prob_no``, ``mass``, ``prompt_set``,
+    ``prompt``), checked against the schema."""
+    from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
+    s = settings if isinstance(settings, MLLMSettings) else MLLMSettings.from_config(settings)
+    m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
+    log(f"mllm {entry['name']}: {type(m.model).__name__} on {m.device} ({m.dtype}); yes/no tokens "
+        f"{sorted(m.tokens.counted, key=repr)}; {len(inputs)} task(s)")
+    frames = []
+    for ti in inputs:
+        if ti.manifest is None:
+            raise ValueError(f"mllm {entry['name']}/{ti.task['name']}: the job needs the dataset's manifest rows "
+                             "(question metadata and the leakage guard)")
+        preds = run_mllm(m, ti.images, ti.image_ids, ti.manifest, ti.split, ti.task, prompts,
+                         prompt_sets=s.prompt_sets, regimes=s.regimes, max_new_tokens=s.max_new_tokens,
+                         batch_size=s.batch_size)
+        counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]) == "mllm"])
+        for r in counts.itertuples():
+            log(f"mllm {entry['name']}/{r.task} {r.protocol} {r.regime} {r.split}: {r.n_invalid} of {r.n} answers "
+                f"invalid ({r.invalid_rate:.1%}), kept and counted wrong")
+        frames.append(preds)
+    return finish_predictions(frames, f"mllm {entry['name']}")

@@ -1,0 +1,78 @@
+"""The zeroshot / mllm stages as a rule runs them (a Job over files on disk: the phantom's manifest, a task split,
+its memory-mapped image cache, the prompt registry), on the tiny models: predictions and metrics written with
+their sidecars, every split row kept, the interface tables from those files."""
+import json
+
+import pytest
+
+from retinabench.pipeline import Job, run_stage
+from retinabench.schemas import read_table, write_table
+
+from tests.conftest import REPO
+
+TASK = "phantom_cfp_anydr"
+
+
+@pytest.fixture(scope="module")
+def phantom_files(tmp_path_factory, registries):
+    from retinabench.data.adapters.phantom import adapt_phantom
+    from retinabench.data.image_cache import build_image_cache
+    from retinabench.data.phantom import generate_phantom
+    from retinabench.data.splits import make_split
+    root = tmp_path_factory.mktemp("ph")
+    generate_phantom(root / "raw", n_patients=16, seed=0, image_size=64)
+    manifest, _ = adapt_phantom(root / "raw", registries.dataset("phantom"))
+    task = dict(registries.task(TASK), name=TASK)
+    write_table(manifest, root / "manifest.parquet", "manifest")
+    write_table(make_split(manifest, task, seed=0), root / "split.parquet", "split")
+    build_image_cache(manifest, root / "raw", root / "images.npy", root / "images.index.parquet", size=32,
+                      threads=1, progress=False)
+    return root, task
+
+
+def job_for(rule, root, task, entry, weights, out):
+    section = {"enabled": True, "encoders": None, "task_sets": None, "prompt_sets": ["focus", "plain"],
+               "regimes": ["u-u"], "batch_size": 8, "device": "cpu"}
+    if rule == "mllm":
+        section |= {"max_new_tokens": 3, "dtype": "auto"}
+    return Job(rule=rule, input={"prompts": str(REPO / "config/prompts.yaml"), "splits": [str(root / "split.parquet")],
+                                 "manifests": [str(root / "manifest.parquet")], "array_phantom": str(root / "images.npy"),
+                                 "index_phantom": str(root / "images.index.parquet"), "weights": str(weights)},
+               output={"predictions": str(out / "predictions.parquet"), "metrics": str(out / "metrics.parquet")},
+               params={"job": {"entry": entry, "tasks": [task], "datasets": ["phantom"], "settings": section}},
+               wildcards={"encoder": entry["name"], "task_set": "all"})
+
+
+def test_zeroshot_and_mllm_stages_write_predictions_metrics_and_sidecars(phantom_files, tiny_mllms, tmp_path):
+    from retinabench.testing.tiny_models import build_tiny_siglip
+    root, task = phantom_files
+    split = read_table(root / "split.parquet", "split")
+    sig = build_tiny_siglip(tmp_path / "sig")
+    entry, folder = tiny_mllms["tiny_qwen2_vl"]
+    outs = {}
+    for rule, e, w in (("zeroshot", sig, tmp_path / "sig"), ("mllm", entry, folder)):
+        out = tmp_path / rule
+        run_stage(rule, job_for(rule, root, task, e, w, out))
+        preds = read_table(out / "predictions.parquet", "predictions")
+        metrics = read_table(out / "metrics.parquet", "metrics")
+        n_rows = int(split["split"].isin(["val", "test"]).sum())
+        for proto, g in preds.groupby("protocol"):
+            assert len(g) == n_rows, proto  # every validation / test image, invalid answers included
+        assert set(metrics["protocol"]) == set(preds["protocol"])
+        side = json.loads((out / "predictions.parquet.prov.json").read_text())
+        assert side["rule"] == rule and side["config"]["entry"]["name"] == e["name"]
+        outs[rule] = (preds, metrics)
+    assert {p.split("@")[0] for p in outs["zeroshot"][0]["protocol"]} == {"zeroshot", "zeroshot_focus"}
+    assert "invalid_rate" in set(outs["mllm"][1]["metric"]) and "answer" in outs["mllm"][0].columns
+    side = json.loads((tmp_path / "mllm" / "predictions.parquet.prov.json").read_text())
+    assert side["extra"]["invalid_answers"]["n"] == len(outs["mllm"][0])
+    tables = Job(rule="interface_tables",
+                 input={"metrics": [str(tmp_path / r / "metrics.parquet") for r in outs],
+                        "zeroshot": [str(tmp_path / "zeroshot" / "predictions.parquet")]},
+                 output={"prompt_sensitivity": str(tmp_path / "ps.parquet"),
+                         "zeroshot_ece_difference": str(tmp_path / "ece.parquet")},
+                 params={"tasks": {TASK: task}})
+    run_stage("interface_tables", tables)
+    ps = read_table(tmp_path / "ps.parquet")
+    assert set(ps["base_protocol"]) == {"zeroshot", "zeroshot_focus", "mllm", "mllm_renorm"}
+    assert set(read_table(tmp_path / "ece.parquet")["prompt_set"]) == {"focus", "plain"}

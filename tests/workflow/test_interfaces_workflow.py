@@ -1,0 +1,43 @@
+"""The prompt-based protocols in the workflow (dry run, no model): enabling `zeroshot:` / `mllm:` adds one GPU job
+per (entry, task set) per interface, their reliability evaluation jobs and the interface tables; nothing else
+changes, and the Snakefile still parses without torch. (Real runs: tests/pipeline/test_interfaces_stage.py runs the
+stages on the tiny models.)"""
+import re
+
+import yaml
+
+from tests.workflow.conftest import TINY
+
+
+def fake_lock(workdir, names):
+    from retinabench.models.lock import lock_name, needs_lock, pins_of, write_lock
+    from retinabench.registry import load_registry
+    encoders = load_registry(workdir / "config/encoders.yaml", "encoders")
+    records = {lock_name(encoders[n]): {"pins": pins_of(encoders[n]), "revision": "0" * 40, "locked_at": "fake",
+                                        "files": {f: "0" * 64 for f in pins_of(encoders[n])["files"]}}
+               for n in names if needs_lock(encoders[n])}
+    write_lock(workdir / "config/encoders.lock.yaml", records)
+
+
+def rule_counts(stdout: str) -> dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stdout, re.M)}
+
+
+def test_enabling_the_interfaces_adds_their_jobs_and_nothing_else(tmp_path, make_workflow_copy, run_snakemake):
+    zs, ml = ["clip_vitb32_openai", "siglip2_base_patch16_224"], ["medgemma_4b_it"]
+    prompted = dict(TINY, zeroshot={"enabled": True, "encoders": zs}, mllm={"enabled": True, "encoders": ml})
+    base = make_workflow_copy(tmp_path / "base", TINY)
+    work = make_workflow_copy(tmp_path / "prompted", prompted)
+    before = rule_counts(run_snakemake(base, "-n", "--quiet", "rules").stdout)
+    refused = run_snakemake(work, "-n", "--quiet", "rules", check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "zeroshot / mllm" in said and "medgemma_4b_it" in said, said[-2000:]
+    fake_lock(work, zs + ml)
+    proc = run_snakemake(work, "-n", "--quiet", "rules")
+    after = rule_counts(proc.stdout)
+    assert after["zeroshot"] == 2 and after["mllm"] == 1 and after["interface_tables"] == 1
+    added = {r: after.get(r, 0) - before.get(r, 0) for r in after}
+    assert {r: n for r, n in added.items() if n} == {"zeroshot": 2, "mllm": 1, "interface_tables": 1,
+                                                     "reliability": 3, "total": 7}, added
+    assert "not run: no zeroshot prompt set covers it" in proc.stderr  # the phantom's non-harmonised tasks
+    assert yaml.safe_load((work / "config/tiny.yaml").read_text())["mllm"]["encoders"] == ml
