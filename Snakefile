@@ -31,3 +31,12 @@ rule all:
 
 
 apply_site_resources()  # workflow/rules/resources.smk: Slurm partition / GPU request of every rule (docs/slurm.md)
+
+
+onsuccess:
+    # What this run did not produce, and why (results/skipped_analyses.csv; retinabench.skipped). Written by the
+    # skipped_analyses rule; a run of other targets prints the table of the last full run (dated).
+    import sys
+    from retinabench.skipped import print_table
+
+    print_table(SKIPPED_TABLE, file=sys.stderr)

@@ -1,6 +1,7 @@
 # Reliability stage: calibration, thresholds, fairness and quality gaps, transfer, paired bootstrap.
 # Jobs: transfer (encoder x harmonised group with >= 2 datasets), reliability (one per predictions table),
 # reliability_collect, reliability_paired and four figure jobs. Formulas and outputs: docs/reliability.md.
+from retinabench import skipped as SKIP
 from retinabench.data.derived import transfer_groups
 from retinabench.stages_reliability import KINDS as REL_KINDS
 from retinabench.stages_reliability import reliability_settings
@@ -12,10 +13,12 @@ TRANSFER_GROUPS = transfer_groups(PLAN_TASKS)
 # Settings each per-job table depends on (figure, paired and transfer settings only rerun their own jobs).
 REL_JOB_SETTINGS = {k: v for k, v in RELIABILITY.items() if k not in ("figures", "paired", "transfer", "harmonised")}
 REL_CODE = code_hash("metrics", "stats/bootstrap.py", "data/derived.py", "stages_reliability.py")
-REL_FIGURES = {"reliability_diagrams": ("calibration", ["bins", "calibration"]),
-               "fairness_gaps": ("fairness", ["gaps"]),
-               "subgroup_scatter": ("fairness", ["subgroups"]),
-               "transfer": ("transfer", ["metrics"])}
+# figure -> its input tables. Each figure is a folder of panel groups (one file per dataset / attribute /
+# harmonised task, figures/reliability.py) plus skipped.csv (groups left out for lack of data, and why).
+REL_FIGURES = {"reliability_diagrams": ["bins", "calibration"],
+               "fairness_gaps": ["gaps"],
+               "subgroup_scatter": ["subgroups"],
+               "transfer": ["metrics"]}
 
 
 def transfer_prediction_files():
@@ -46,9 +49,14 @@ def _rel_job(kind):
     return [f"{REL}/jobs/{key}/{kind}.parquet" for key in reliability_prediction_files()]
 
 
+REL_FIGURE_NAMES = [f for f in REL_FIGURES if f != "transfer" or TRANSFER_GROUPS]
+RELIABILITY_SKIPPED = [] if TRANSFER_GROUPS else [SKIP.record(
+    "transfer", "no harmonised task is shared by two selected datasets (out-of-distribution transfer needs a "
+                "second dataset with the task)")]
+
+
 def reliability_figure_targets():
-    names = [f for f in REL_FIGURES if f != "transfer" or TRANSFER_GROUPS]
-    return [f"{R}/figures/reliability/{f}.{ext}" for f in names for ext in ("png", "pdf")]
+    return [f"{R}/figures/reliability/{f}" for f in REL_FIGURE_NAMES]
 
 
 def reliability_targets():
@@ -158,18 +166,19 @@ rule reliability_paired:
 
 rule reliability_figure:
     input:
-        unpack(lambda wc: {k: f"{REL}/{k}.parquet" for k in REL_FIGURES[wc.figure][1]}),
+        unpack(lambda wc: {k: f"{REL}/{k}.parquet" for k in REL_FIGURES[wc.figure]}),
     output:
-        png=report(f"{R}/figures/reliability/{{figure}}.png", category="7. Reliability", subcategory="{figure}",
-                   labels={"figure": "{figure}"}),
-        pdf=f"{R}/figures/reliability/{{figure}}.pdf",
+        dir=report(directory(f"{R}/figures/reliability/{{figure}}"), patterns=["{panel}.png"],
+                   caption="../report/reliability_figure.rst", category=lambda wc: SKIP.SECTIONS[wc.figure],
+                   subcategory="{figure}", labels={"figure": "{figure}", "panel": "{panel}"}),
     params:
         stage="reliability_figure",
-        code=code_hash("figures/reliability.py", "figures/style.py"),
+        code=code_hash("figures/reliability.py", "figures/style.py", "skipped.py"),
         figure=lambda wc: wc.figure,
         reliability={"figures": RELIABILITY["figures"]},
         protocols=config["protocols"],
         encoders=lambda wc: {e: REG.encoder(e) for e in PLAN.encoders},
+        groups=TRANSFER_GROUPS,
     wildcard_constraints:
         figure="|".join(REL_FIGURES),
     log:
