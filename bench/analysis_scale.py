@@ -24,8 +24,8 @@ def main() -> int:
 
     t_start = time.perf_counter()
     from retinabench.stages_analysis import (AnalysisContext, ANALYSIS_DEFAULTS, analysis_outputs, run_family)
-    from retinabench.stats.synthetic import (synthetic_metrics, synthetic_registries, synthetic_subgroups,
-                                             synthetic_sweep)
+    from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
+                                             synthetic_subgroups, synthetic_sweep)
     t_import = time.perf_counter() - t_start
 
     protocols = args.protocols.split(",")
@@ -49,7 +49,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         outputs = analysis_outputs(ctx, str(root))
-        tables = {"metrics": metrics, "subgroups": subgroups, "lr_sweep": sweep, "lr_grid": grid}
+        tables = {"metrics": metrics, "subgroups": subgroups, "lr_sweep": sweep, "lr_grid": grid,
+                  "baselines": synthetic_baselines(tasks)}
         timings = {}
         t_all, cpu_all = time.perf_counter(), time.process_time()
         for family, out in outputs.items():  # dict order: ranks first, then everything that reads them

@@ -427,8 +427,11 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
             skip(name, "no learning-rate sweep in the ranking regime (finetune.enabled / sweep.enabled false, or "
                        f"{ctx.regime} not in sweep.regimes)")
     if ctx.lr_source and ctx.lr_grid:
+        from retinabench.figures.scatter import lr_transfer_pages
         tr = {"table": f"{A}/lr_transfer.csv"}
         _figure(tr, "png", f"{F}/lr_transfer")
+        for part in range(2, lr_transfer_pages(ctx.lr_encoders or k) + 1):  # one page per 10 swept encoders
+            _figure(tr, f"png_part{part}", f"{F}/lr_transfer_part{part}")
         out["lr_transfer"] = tr
     else:
         skip("lr_transfer", "needs the learning-rate sweep and a second fine-tuned task to check the chosen rate "
@@ -535,7 +538,8 @@ def family_cd(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     ranks = inputs["ranks"]
     rows, pairs, paths = [], [], []
     head = ctx.analysis_protocol
-    for m in ctx.metrics:
+    from retinabench.progress import progress
+    for m in progress(ctx.metrics, "Friedman / Nemenyi", unit="ranking metrics"):
         panels = []
         # Tables: every ranked protocol, the analysis protocol marked; the diagram: the analysis protocol.
         for protocol in [head["protocol"], *[p for p in ctx.protocols if p != head["protocol"]]]:
@@ -755,8 +759,10 @@ def family_lr_transfer(inputs: dict, ctx: AnalysisContext, out: dict) -> list[st
                               sweep_task=tasks["sweep"], check_task=tasks["check"])
     from retinabench.stats.baselines import select
     base = select(inputs["baselines"], ctx.metric, "val", ctx.regime)
+    pages = [out["png"]] + [out[k] for k in sorted((k for k in out if k.startswith("png_part")),
+                                                   key=lambda k: int(k[len("png_part"):]))]
     return [_write_csv(table, out["table"]),
-            *lr_transfer_figure(table, ctx.encoders, out["png"], baselines=base,
+            *lr_transfer_figure(table, ctx.encoders, pages, baselines=base,
                                 title=f"Transfer of the chosen learning rate: validation {ctx.metric} over the lr "
                                       f"grid, sweep task {tasks['sweep']} vs {tasks['check']} (regime {ctx.regime})")]
 
@@ -801,7 +807,10 @@ def run_family(family: str, inputs: dict[str, pd.DataFrame], ctx: AnalysisContex
     missing = [k for k in FAMILIES[family].inputs if k not in inputs]
     if missing:
         raise KeyError(f"analysis family {family!r} needs input(s) {missing}")
+    from retinabench.progress import Progress
+    bar = Progress(1, f"analysis {family}", unit="family")
     written = FAMILY_FUNCTIONS[family](inputs, ctx, out)
+    bar.update(note=f"{len(written)} files: {', '.join(Path(p).name for p in written)}")
     unexpected = sorted(set(written) - set(out.values()))
     if unexpected:
         raise RuntimeError(f"analysis family {family!r} wrote files it did not declare: {unexpected}")

@@ -184,7 +184,10 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
     n_boot, level, boot_unit = int(boot["n_boot"]), float(boot["level"]), boot["unit"]
     out: dict[str, list] = {k: [] for k in KINDS}
     cov = Coverage()
-    for unit_key, unit in preds.groupby(UNIT_KEYS, sort=True):
+    from retinabench.progress import progress
+    units = preds.groupby(UNIT_KEYS, sort=True)
+    for unit_key, unit in progress(units, f"reliability {source}", total=units.ngroups, unit="models",
+                                   note=lambda u: " ".join(map(str, u[0][3:]))):
         ukeys = dict(zip(UNIT_KEYS, unit_key))
         classes = list(tasks[ukeys["train_task"]]["classes"])
         pcols = [f"p_{c}" for c in classes]
@@ -499,7 +502,10 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     pairs = comparison_pairs(preds, settings, encoder_order)
     pid = manifest.set_index(["dataset", "image_id"])["patient_id"]
     rows, reps_of = [], {}
-    for (train_task, task), tp in preds.groupby(["train_task", "task"], sort=True):
+    from retinabench.progress import progress
+    cells = preds.groupby(["train_task", "task"], sort=True)
+    for (train_task, task), tp in progress(cells, "paired bootstrap comparisons", total=cells.ngroups,
+                                           unit="(training, test) task cells", note=lambda c: c[0][1]):
         classes = list(tasks[task]["classes"])
         pcols = [f"p_{c}" for c in classes]
         train_dataset = str(tp["train_dataset"].iloc[0])
@@ -568,7 +574,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     drows = []
     done = comp[~comp["skipped"].astype(bool)] if "skipped" in comp else comp.iloc[0:0]
     mk = [f"{k}_{s}" for s in ("a", "b") for k in MODEL_KEYS]
-    for field in fields if len(done) else []:
+    for field in progress(fields if len(done) else [], "domain-level bootstrap", unit="domain fields"):
         if field == SHIFT_FIELD:
             grouped = done.assign(domain=done["setting"])
         else:

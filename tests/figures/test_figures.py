@@ -9,7 +9,8 @@ from retinabench.schemas import write_table
 from retinabench.stages import Job, run_stage
 from retinabench.stages_analysis import (ANALYSIS_DEFAULTS, AnalysisContext, FAMILIES, analysis_outputs,
                                          family_inputs, run_family)
-from retinabench.stats.synthetic import synthetic_metrics, synthetic_registries, synthetic_subgroups, synthetic_sweep
+from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries, synthetic_subgroups,
+                                        synthetic_sweep)
 
 PROTOCOLS = ["knn", "linear", "linear_aug", "finetune"]
 
@@ -26,7 +27,7 @@ def study():
                           lr_grid="sweep/lr_sweep_metrics.parquet", subgroup_source="reliability/subgroups.parquet",
                           sweep_tasks={"sweep": "task00", "check": "task01"})
     tables = {"metrics": metrics, "subgroups": synthetic_subgroups(metrics[metrics["protocol"] == "finetune"]),
-              "lr_sweep": sensitivity, "lr_grid": grid}
+              "lr_sweep": sensitivity, "lr_grid": grid, "baselines": synthetic_baselines(tasks)}
     return ctx, tables
 
 
@@ -172,7 +173,7 @@ def test_distance_figure_draws_group_means_with_encoders_as_points(captured, tmp
     kw = kruskal_table(dist)
     distance_bars(dist, kw, encoders, tmp_path / "srd.png", title="t")
     ax = captured[-1].axes[0]
-    labels = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
+    labels = [t.get_text().split(" (")[0] for t in ax.get_xticklabels()]
     assert labels == ["natural", "cfp", "oct"]  # largest group first
     heights = [p.get_height() for p in ax.patches]
     d = dist.set_index("encoder")["distance"]
@@ -201,5 +202,5 @@ def test_lr_figures_are_by_model_size(study, captured, tmp_path):
     order = [t.get_text() for t in ax.get_yticklabels()]
     assert [to_hex(p.get_facecolor()) for p in ax.patches] == [SIZE_COLORS[sizes[e]].lower() for e in order]
     srd = srd_fig.axes[0]
-    groups = [t.get_text().split("\n")[0] for t in srd.get_xticklabels()]
+    groups = [t.get_text().split(" (")[0] for t in srd.get_xticklabels()]
     assert set(groups) == set(sizes.values()) and "model size" in srd.get_title()

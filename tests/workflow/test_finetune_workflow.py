@@ -67,7 +67,7 @@ def ft_workflow(tmp_path_factory, make_workflow_copy, run_snakemake):
     work = make_workflow_copy(tmp_path_factory.mktemp("ftwf") / "repo", FT_TINY)
     reg = work / "config/encoders.yaml"
     reg.write_text(reg.read_text() + "\n" + yaml.safe_dump(MICRO))
-    run_snakemake(work, "--printshellcmds", *targets(), *ANALYSIS)  # a flag first: --configfile would eat targets
+    run_snakemake(work, "--rerun-incomplete", *targets(), *ANALYSIS)  # a flag first: --configfile would eat targets
     return work
 
 

@@ -61,7 +61,11 @@ def _reported_outputs(family):
     out = {}
     for key, path in AOUT[family].items():
         metric = key[len("png_"):] if key.startswith("png_") and key not in spec else None
-        entry = spec.get(key) or (spec.get("png") if metric else None)
+        if metric and metric.startswith("part"):  # a further page of a long figure (lr_transfer_part2, ...)
+            metric = None
+            entry = spec.get("png")
+        else:
+            entry = spec.get(key) or (spec.get("png") if metric else None)
         if entry is None:
             out[key] = path
             continue

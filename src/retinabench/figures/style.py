@@ -82,9 +82,10 @@ def domain_color(domain: str | None) -> str:
 
 # --- checks -----------------------------------------------------------------------------------------------------
 
-def _drawn_texts(fig):
+def _drawn_texts(fig, tick_groups: list | None = None):
     """Every Text artist the figure draws: visible, non-empty, with visible ancestors; only the tick labels of
-    ticks inside the view interval (the others exist as objects but are not drawn)."""
+    ticks inside the view interval (the others exist as objects but are not drawn). ``tick_groups`` collects the
+    drawn tick labels of each axis (for the overlap check)."""
     from matplotlib.axis import Axis
     from matplotlib.text import Text
     out = []
@@ -101,6 +102,10 @@ def _drawn_texts(fig):
             ticks = [t for t in [*artist.get_major_ticks(), *artist.get_minor_ticks()]
                      if t.get_loc() is not None and lo - tol <= artist.convert_units(t.get_loc()) <= hi + tol]
             children = [artist.label, artist.offsetText, *ticks]
+            if tick_groups is not None:
+                for attr in ("label1", "label2"):
+                    labels = [getattr(t, attr) for t in ticks]
+                    tick_groups.append([t for t in labels if t.get_visible() and t.get_text().strip()])
         else:
             children = artist.get_children()
         for child in children:
@@ -110,11 +115,40 @@ def _drawn_texts(fig):
     return out
 
 
+def _overlapping(labels, renderer, tolerance_px: float) -> list[tuple[str, str]]:
+    """Pairs of texts whose (rotated) boxes overlap. A rotated label's axis-aligned extent shares its centre with
+    the rotated box; the box's own width and height come from the unrotated text."""
+    import math
+    boxes = []
+    for t in labels:
+        ext = t.get_window_extent(renderer)
+        angle = t.get_rotation()
+        t.set_rotation(0)
+        flat = t.get_window_extent(renderer)
+        t.set_rotation(angle)
+        rad = math.radians(angle)
+        u, n = (math.cos(rad), math.sin(rad)), (-math.sin(rad), math.cos(rad))
+        boxes.append((t.get_text(), (ext.x0 + ext.x1) / 2, (ext.y0 + ext.y1) / 2, flat.width, flat.height, u, n,
+                      angle))
+    out = []
+    for i, (ta, xa, ya, wa, ha, u, n, angle) in enumerate(boxes):
+        for tb, xb, yb, wb, hb, _, _, angle_b in boxes[i + 1:]:
+            if abs(angle - angle_b) > 1e-6:
+                continue
+            dx, dy = xb - xa, yb - ya
+            along = abs(dx * u[0] + dy * u[1]) - (wa + wb) / 2
+            across = abs(dx * n[0] + dy * n[1]) - (ha + hb) / 2
+            if along < -tolerance_px and across < -tolerance_px:
+                out.append((ta, tb))
+    return out
+
+
 def layout_problems(fig, *, max_width_mm: float = WIDTH_MM["double"], max_height_mm: float = MAX_HEIGHT_MM,
                     min_font_pt: float = MIN_FONT_PT, tolerance_px: float = 1.0) -> list[str]:
     """What keeps a drawn figure from print quality: a canvas wider or taller than the targets, text below the
-    minimum size (after the scaling a too-wide figure would need), or text that extends beyond the canvas (a
-    clipped label). Empty list = fine. Uses the renderer's text extents, so it sees exactly what is drawn."""
+    minimum size (after the scaling a too-wide figure would need), text that extends beyond the canvas (a clipped
+    label), or tick labels of one axis that overprint each other. Empty list = fine. Uses the renderer's text
+    extents, so it sees exactly what is drawn."""
     problems = []
     w_mm, h_mm = fig.get_figwidth() * MM_PER_INCH, fig.get_figheight() * MM_PER_INCH
     if w_mm > max_width_mm + 0.5:
@@ -124,7 +158,11 @@ def layout_problems(fig, *, max_width_mm: float = WIDTH_MM["double"], max_height
     scale = min(1.0, max_width_mm / w_mm)
     renderer = fig.canvas.get_renderer()
     canvas = fig.bbox
-    for t in _drawn_texts(fig):
+    groups: list = []
+    texts = _drawn_texts(fig, groups)
+    for labels in groups:  # tick labels of one axis must not overprint each other
+        problems += [f"tick labels {a!r} and {b!r} overlap" for a, b in _overlapping(labels, renderer, tolerance_px)]
+    for t in texts:
         label = t.get_text().replace("\n", " ")
         label = label if len(label) <= 40 else label[:37] + "..."
         size = t.get_fontsize() * scale
@@ -138,6 +176,22 @@ def layout_problems(fig, *, max_width_mm: float = WIDTH_MM["double"], max_height
             where = ", ".join(f"{k} by {v * MM_PER_INCH / fig.dpi:.1f} mm" for k, v in out.items())
             problems.append(f"text {label!r} extends beyond the canvas ({where})")
     return problems
+
+
+_RECORDERS: list[list[dict]] = []
+
+
+class recording:
+    """``with recording() as saved:`` — every figure :func:`save` writes meanwhile is appended to ``saved`` as
+    ``{"path", "width_mm", "height_mm", "width_px", "height_px", "problems"}`` (tests check figures this way)."""
+
+    def __enter__(self) -> list[dict]:
+        self.saved: list[dict] = []
+        _RECORDERS.append(self.saved)
+        return self.saved
+
+    def __exit__(self, *exc) -> None:
+        _RECORDERS.remove(self.saved)
 
 
 def save(fig, png_path, *, check: bool = True) -> list[str]:
@@ -156,10 +210,17 @@ def save(fig, png_path, *, check: bool = True) -> list[str]:
         fig.draw_without_rendering()  # runs the layout engine (constrained layout): positions are now final
     # Freeze the layout: with an engine set, savefig would solve it again before each file.
     fig.set_layout_engine(None)
-    if check:
+    problems = []
+    if check or _RECORDERS:
         fig.draw_without_rendering()
-        for problem in layout_problems(fig):
+        problems = layout_problems(fig)
+        for problem in problems:
             print(f"figure {png.name}: {problem}", file=sys.stderr)
+    w, h = fig.get_size_inches()
+    for saved in _RECORDERS:
+        saved.append({"path": str(png), "width_mm": w * MM_PER_INCH, "height_mm": h * MM_PER_INCH,
+                      "width_px": int(round(w * PNG_DPI)), "height_px": int(round(h * PNG_DPI)),
+                      "problems": problems})
     fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
     fig.savefig(pdf, metadata={"Creator": None, "Producer": None, "CreationDate": None})
     return [str(png), str(pdf)]
@@ -212,9 +273,11 @@ def domain_handles(encoders: dict[str, dict], names):
 def domain_legend(target, encoders: dict[str, dict], names, **kwargs):
     """Add a 'pretraining domain' legend to a figure or axes (on a figure: below the panels, outside the data)."""
     handles = domain_handles(encoders, names)
-    if hasattr(target, "add_subplot") and "loc" not in kwargs:  # a figure: a row under the panels
+    if hasattr(target, "add_subplot") and "loc" not in kwargs:  # a figure: rows under the panels
         kwargs["loc"] = "outside lower center"
-        kwargs.setdefault("ncol", min(len(handles), 7))
+        width_mm = target.get_figwidth() * MM_PER_INCH
+        longest = max([len(h.get_label()) for h in handles] + [4])
+        kwargs.setdefault("ncol", max(1, min(len(handles), int((width_mm - 10) // (1.6 * longest + 8)))))
     kwargs = {"title": "pretraining domain", "frameon": False, **kwargs}
     return target.legend(handles=handles, **kwargs)
 
