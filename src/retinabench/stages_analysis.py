@@ -861,7 +861,8 @@ def stage_skipped(job) -> None:
     path = job.output["table"]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(path, index=False)
-    write_sidecar(path, rule=job.rule, inputs=job.inputs_flat(), wildcards=job.wildcards,
+    inputs = [*figure_tables.values(), *(job.input[k] for k in ("coverage", "subgroup_table") if k in job.input)]
+    write_sidecar(path, rule=job.rule, inputs=inputs, wildcards=job.wildcards,  # files (inputs are folders)
                   config={"planned": job.params["planned"]}, extra={"n_skipped": int(len(table))})
 
 

@@ -42,10 +42,17 @@ def run_all(ctx, tables, root: Path) -> dict:
 
 
 def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
+    from retinabench.figures.style import recording
     ctx, tables = study
     root = tmp_path_factory.mktemp("analysis")
-    outputs = run_all(ctx, tables, root)
+    with recording() as saved:
+        outputs = run_all(ctx, tables, root)
     assert set(outputs) == set(FAMILIES)  # this synthetic study has every input, so every family runs
+    # every figure type at print size, nothing clipped (figures/style.py targets); the workflow tests check the
+    # same on the pipeline's own outputs
+    assert len(saved) == sum(k.startswith("png") for out in outputs.values() for k in out)
+    assert {s["path"]: s["problems"] for s in saved if s["problems"]} == {}
+    assert all(s["width_mm"] <= 180.5 and s["height_mm"] <= 240.5 for s in saved)
     for family, out in outputs.items():
         for key, path in out.items():
             data = Path(path).read_bytes()
@@ -204,3 +211,26 @@ def test_lr_figures_are_by_model_size(study, captured, tmp_path):
     srd = srd_fig.axes[0]
     groups = [t.get_text().split(" (")[0] for t in srd.get_xticklabels()]
     assert set(groups) == set(sizes.values()) and "model size" in srd.get_title()
+
+
+@pytest.mark.slow
+def test_paper_scale_figures_fit_the_print_targets(tmp_path):
+    """34 encoders × 39 tasks (OcularBench's grid): labels, legends and pages still fit; lr transfer on 4 pages."""
+    from retinabench.figures.style import recording
+    encoders, tasks, datasets = synthetic_registries(34, 39, seed=0)
+    metrics = synthetic_metrics(encoders, tasks, protocols=PROTOCOLS, seeds=(0,), regimes=("u-u", "b-b"),
+                                metrics=("accuracy", "auroc"), splits=("test",), seed=0)
+    grid, sensitivity = synthetic_sweep(encoders, ["task00", "task01"], seed=0)
+    ctx = AnalysisContext(encoders=encoders, tasks=tasks, datasets=datasets, protocols=PROTOCOLS,
+                          regimes=["u-u", "b-b"], ranking={"metric": "accuracy", "regime": "u-u"},
+                          settings=ANALYSIS_DEFAULTS | {"alternative_metrics": []},
+                          lr_source="sweep/lr_sensitivity.parquet", lr_grid="sweep/lr_sweep_metrics.parquet",
+                          subgroup_source="reliability/subgroups.parquet",
+                          sweep_tasks={"sweep": "task00", "check": "task01"})
+    tables = {"metrics": metrics, "subgroups": synthetic_subgroups(metrics[metrics["protocol"] == "finetune"]),
+              "lr_sweep": sensitivity, "lr_grid": grid, "baselines": synthetic_baselines(tasks)}
+    with recording() as saved:
+        outputs = run_all(ctx, tables, tmp_path)
+    assert sum(k.startswith("png_part") for k in outputs["lr_transfer"]) == 3  # 34 encoders: 4 pages
+    assert {s["path"]: s["problems"] for s in saved if s["problems"]} == {}
+    assert all(s["width_mm"] <= 180.5 and s["height_mm"] <= 240.5 for s in saved)

@@ -159,3 +159,9 @@ def test_fine_tuning_analyses_use_the_papers_protocols(ft_workflow):
     srd = pd.read_csv(r / "analysis/lr_signed_rank_distance.csv")
     assert set(srd["reference"]) == {"optimal lr"} and set(srd["comparison"]) == {"sub-optimal lr"}
     assert (r / "figures/lr_transfer.png").stat().st_size > 10_000
+
+
+def test_fine_tuning_figures_are_drawn_within_the_print_targets(ft_workflow, tmp_path, figure_checks):
+    render, check = figure_checks
+    saved = render(ft_workflow, tmp_path, families={"ft_lp", "sensitivity", "lr_transfer"}, reliability=False)
+    check(saved, {"ft_lp_gap", "lr_sensitivity", "srd_lr", "lr_transfer"})

@@ -161,8 +161,8 @@ def _diagram_panel(ax, cell: pd.DataFrame, cal: pd.DataFrame, enc: str, encoders
         key = "ece" if pd.notna(r["ece_before"]) else "ece_top_label"
         title += f"\n{key} {r[f'{key}_before']:.3f}→{r[f'{key}_after']:.3f}, T {r['temperature']:.2f}, n {r['n']}"
     ax.set_title(title, fontsize=FONT["base"])
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set_xlim(-0.03, 1.03)  # markers on the edge bins stay whole
+    ax.set_ylim(-0.03, 1.03)
     ax.set_xticks([0, 0.5, 1], ["0", "0.5", "1"])
     ax.set_yticks([0, 0.5, 1], ["0", "0.5", "1"])
     ax.set_aspect("equal", adjustable="box")
@@ -176,6 +176,24 @@ _GAP_ROW_MM = 3.4
 
 def _metric_rows(df: pd.DataFrame, metric: str) -> pd.Series:
     return df["metric"].isin([metric, f"{metric}_macro", f"{metric}_top_label"])
+
+
+def _reason_counts(rows: pd.DataFrame) -> dict[tuple[str, str], int]:
+    """(dataset, reason) -> (task, encoder) cells, group sizes in reasons folded into a range ("has 5-9 rows")."""
+    folded: dict[tuple[str, str], dict] = {}
+    for r in rows[["dataset", "task", "encoder", "reason"]].drop_duplicates().itertuples(index=False):
+        sizes = [int(v) for v in re.findall(r"has (\d+) rows", str(r.reason))]
+        key = (r.dataset, re.sub(r"has \d+ rows", "has {n} rows", str(r.reason)))
+        entry = folded.setdefault(key, {"cells": set(), "sizes": []})
+        entry["cells"].add((r.task, r.encoder))
+        entry["sizes"] += sizes
+    out = {}
+    for (dataset, reason), e in sorted(folded.items()):
+        if e["sizes"]:
+            lo, hi = min(e["sizes"]), max(e["sizes"])
+            reason = reason.replace("{n}", str(lo) if lo == hi else f"{lo}-{hi}")
+        out[(dataset, reason)] = len(e["cells"])
+    return out
 
 
 def gap_plot(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> tuple[list[str], list[dict]]:
@@ -192,9 +210,8 @@ def gap_plot(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> tuple[lis
         main = ga[_metric_rows(ga, metric)]
         ok = main[~main["skipped"].fillna(False).astype(bool)]
         bad = main[main["skipped"].fillna(False).astype(bool)]
-        for (dataset, reason), g in bad.groupby(["dataset", "reason"], sort=True):
-            skipped.append(_skip(f"{attr} / {dataset}", f"{metric} gap not computed: {reason}",
-                                 int(g[["task", "encoder"]].drop_duplicates().shape[0])))
+        for (dataset, reason), n in _reason_counts(bad).items():
+            skipped.append(_skip(f"{attr} / {dataset}", f"{metric} gap not computed: {reason}", n))
         if ok.empty:
             skipped.append(_skip(attr, "no panel: no (task, encoder) cell has this gap (reasons above)"))
             continue
@@ -248,7 +265,7 @@ def gap_plot(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> tuple[lis
                     ax.axhline(h - 0.5, color="0.85", lw=0.6)
                 ax.axvline(0, color="0.5", lw=0.7)
                 lim = max(0.1, float(np.nanmax(np.abs(xs))) * 1.1) if xs else 1.0
-                ax.set_xlim(-lim if signed else 0.0, lim)
+                ax.set_xlim(-lim if signed else -0.03 * lim, lim)  # a gap of 0 stays visible
                 if signed:
                     gtxt = f"{g0['group_b']} − {g0['group_a']}" if pd.notna(g0.get("group_a")) else "difference"
                     ax.set_xlabel(f"difference in {metric} ({gtxt})")
@@ -329,9 +346,8 @@ def subgroup_scatter(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> t
                    if d in set(sa["dataset"])]
         handles += style.domain_handles(encoders, sorted(sa["encoder"].unique()))
         fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
-        suptitle(fig, f"Subgroup {metric}, {attr} ({_sel_text(sel)}, threshold {sel['threshold']}); one point per "
-                      f"task and encoder; hollow: a group below the minimum size; bars: 95% {_unit(sa)}-bootstrap "
-                      "CIs; above the diagonal favours " + str(gb))
+        suptitle(fig, f"Subgroup {metric} by {attr} ({_sel_text(sel)}, {sel['threshold']}); a point per task "
+                      f"and encoder, 95% {_unit(sa)}-bootstrap CIs; hollow: a group below the minimum size")
         paths += save(fig, Path(out_dir) / f"{file_stem(attr)}.png")
         plt.close(fig)
     return paths, skipped
