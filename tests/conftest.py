@@ -1,6 +1,8 @@
 import os
+import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,3 +35,44 @@ def tvhl_manifest(tvhl_root):
 def registries():
     from retinabench.registry import Registries
     return Registries(REPO / "config/datasets.yaml", REPO / "config/tasks.yaml", REPO / "config/encoders.yaml")
+
+
+# Small copies of ../shared/data/tvhl in a temp dir, for tests that corrupt, change or add raw files.
+
+def copy_tvhl(src: Path, dest: Path, n_cfp: int = 40, n_oct: int = 30) -> Path:
+    """Rows spread evenly over each CSV (so every DME class is there) and their images, in their sub-folders
+    (mtimes kept)."""
+    dest.mkdir(parents=True)
+    for csv, folder, n in (("EYE FUNDUS.csv", "EYE FUNDUS", n_cfp), ("OCT.csv", "OCT", n_oct)):
+        table = pd.read_csv(src / csv, dtype=str, keep_default_na=False)
+        on_disk = {p.stem: p for p in (src / folder).glob("*/*.jpg")}
+        listed = table[table["Name"].str.strip().isin(on_disk)]
+        keep = listed.iloc[[round(k * (len(listed) - 1) / (n - 1)) for k in range(n)]]
+        keep.to_csv(dest / csv, index=False)
+        for name in keep["Name"].str.strip():
+            rel = on_disk[name].relative_to(src)
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(on_disk[name], dest / rel)
+    return dest
+
+
+@pytest.fixture
+def tvhl_copy(tvhl_root, tmp_path) -> Path:
+    return copy_tvhl(tvhl_root, tmp_path / "data" / "tvhl")
+
+
+def manifest_job(root: Path, results: Path, entry: dict | None = None, dataset: str = "tvhl"):
+    """The manifest rule's job for a dataset entry (as workflow/rules/data.smk builds it)."""
+    entry = {"name": dataset, "adapter": "tvhl", "root": dataset, "index_files": ["EYE FUNDUS.csv", "OCT.csv"],
+             "modalities": ["cfp", "oct"], "web_exposure_risk": "high", **(entry or {})}
+    from retinabench.stages import Job
+    d = results / "data" / dataset
+    return Job(rule="manifest", input={"index": [str(root / f) for f in entry["index_files"]]},
+               output={"manifest": str(d / "manifest.parquet"), "exclusions": str(d / "exclusions.parquet"),
+                       "hashes": str(d / "image_hashes.parquet"), "raw_files": str(d / "raw_files.parquet")},
+               params={"dataset": entry, "root": str(root)}, wildcards={"dataset": dataset}, threads=2)
+
+
+@pytest.fixture(scope="session")
+def make_manifest_job():
+    return manifest_job

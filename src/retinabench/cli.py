@@ -1,6 +1,6 @@
-"""Command line: ``retinabench provenance FILE``, ``encoders``, ``tasks``, ``datasets [--check]``, ``targets``,
-``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``. The pipeline itself runs through
-Snakemake (see README)."""
+"""Command line: ``retinabench provenance FILE``, ``verify DATASET``, ``encoders``, ``tasks``,
+``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``.
+The pipeline itself runs through Snakemake (see README)."""
 from __future__ import annotations
 
 import argparse
@@ -123,6 +123,35 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Re-hash a dataset's raw files against its manifest; name every changed, missing or added file."""
+    from retinabench.data.raw_state import compare_to_snapshot
+    from retinabench.schemas import read_table
+    from retinabench.workflow_plan import plan
+    p = plan(_load_config(args.configfile))
+    entry = p.registries.dataset(args.dataset)
+    data_dir = Path(p.results) / "data" / args.dataset
+    manifest = read_table(data_dir / "manifest.parquet", "manifest")
+    snap_path = data_dir / "raw_files.parquet"
+    snapshot = read_table(snap_path, "raw_files") if snap_path.is_file() and not entry.get("generated") else None
+    root = p.dataset_root(args.dataset)
+    diff = compare_to_snapshot(root, manifest, snapshot, full=True, threads=args.threads)
+    checked = len(set(manifest["path"]) | (set() if snapshot is None else
+                                          set(snapshot.loc[snapshot["sha256"].notna(), "path"])))
+    if diff.empty:
+        print(f"{args.dataset}: {len(manifest)} images under {root} match the manifest "
+              f"({data_dir / 'manifest.parquet'})")
+        return 0
+    for r in diff.itertuples():
+        detail = f"sha256 {r.expected[:12]} -> {r.actual[:12]}" if r.status == "changed" else ""
+        image = f" (image {r.image_id})" if isinstance(r.image_id, str) else ""
+        print(f"{r.status:8} {r.path}{image} {detail}".rstrip())
+    counts = diff["status"].value_counts().to_dict()
+    print(f"{args.dataset}: {len(diff)} raw file(s) differ from the manifest's record {counts} ({checked} hashed); "
+          f"`snakemake` reruns its manifest and everything downstream")
+    return 1
+
+
 def cmd_lock_encoders(args) -> int:
     """Resolve and hash every file the named (default: all) hub / url / manual entries load; write the lock."""
     from retinabench.models.lock import LockError, lock_entry, lock_name, needs_lock, read_lock, write_lock
@@ -215,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encoder")
     p.add_argument("--task")
     p.set_defaults(fn=cmd_targets)
+    p = sub.add_parser("verify", help="re-hash a dataset's raw files against its manifest; exit 1 on a change")
+    p.add_argument("dataset")
+    p.add_argument("--configfile", action="append")
+    p.add_argument("--threads", type=int, default=4)
+    p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("lock-encoders", help="pin revision + sha256 of every file the encoders load "
                                               "(needs network once); writes <encoders registry>.lock.yaml")
     p.add_argument("names", nargs="*", help="encoders to lock (default: every entry that needs a lock)")

@@ -104,6 +104,7 @@ def provenance_chain(artifact: str | os.PathLike, *, verify: bool = True) -> lis
     """
     nodes: list[dict[str, Any]] = []
     seen: set[str] = set()
+    raw_checked: dict[str, list[dict]] = {}
 
     def visit(path: Path, depth: int, expected_sha: str | None) -> None:
         key = str(path)
@@ -114,14 +115,32 @@ def provenance_chain(artifact: str | os.PathLike, *, verify: bool = True) -> lis
             return
         seen.add(key)
         record = read_sidecar(path) if sidecar_path(path).is_file() else None
-        nodes.append({"path": key, "depth": depth, "record": record, "stale": stale,
-                      "missing": not path.exists()})
+        node = {"path": key, "depth": depth, "record": record, "stale": stale, "missing": not path.exists()}
+        raw = (record or {}).get("extra", {}).get("raw_images")
+        if verify and raw:
+            if raw["manifest"] not in raw_checked:
+                raw_checked[raw["manifest"]] = raw_image_changes(raw)
+            node["raw_changes"] = raw_checked[raw["manifest"]]
+        nodes.append(node)
         if record:
             for inp in record.get("inputs", []):
                 visit(Path(inp["path"]), depth + 1, inp.get("sha256"))
 
     visit(Path(artifact), 0, None)
     return nodes
+
+
+def raw_image_changes(raw: dict) -> list[dict]:
+    """Raw files of a manifest that changed since it was built (quick: only files whose size or mtime differ
+    from the manifest job's snapshot are re-hashed; ``retinabench verify`` re-hashes everything)."""
+    from retinabench.data.raw_state import compare_to_snapshot
+    from retinabench.schemas import read_table
+    manifest, snapshot = Path(raw["manifest"]), Path(raw["snapshot"])
+    if not manifest.is_file() or not snapshot.is_file() or not Path(raw["root"]).is_dir():
+        return [{"path": raw["root"], "status": "unavailable", "image_id": None}]
+    diff = compare_to_snapshot(raw["root"], read_table(manifest, columns=["image_id", "path", "sha256"]),
+                               read_table(snapshot, "raw_files"), full=False)
+    return diff.to_dict("records")
 
 
 def format_chain(artifact: str | os.PathLike) -> str:
@@ -140,6 +159,10 @@ def format_chain(artifact: str | os.PathLike) -> str:
         wc = ",".join(f"{k}={v}" for k, v in rec.get("wildcards", {}).items())
         lines.append(f"{pad}{node['path']}{flag}  <- rule {rec['rule']}"
                      f"{'[' + wc + ']' if wc else ''}  sha256 {rec['sha256'][:12]}  code {commit}  {rec['created']}")
+        for change in node.get("raw_changes", []):
+            what = f"image {change['image_id']}: " if change.get("image_id") else ""
+            flag = "[CHANGED since used]" if change["status"] != "unavailable" else "[raw folder unavailable]"
+            lines.append(f"{pad}  {flag} raw {what}{change['path']} ({change['status']})")
         extra = rec.get("extra", {})
         for raw in extra.get("raw_files", []):
             sha = f"sha256 {raw['sha256'][:12]}  " if raw.get("sha256") else ""

@@ -28,6 +28,34 @@ SPLIT = pa.schema([
     ("label", pa.string()), ("y", pa.int64()), ("split", pa.string()), ("balanced", pa.bool_()),
 ])
 IMAGE_INDEX = pa.schema([("image_id", pa.string()), ("row", pa.int64())])
+# The one train/val/test assignment of a dataset (every task of it uses it): `group_id` is the connected component
+# of patient id ∪ duplicate cluster the image was placed with; `placed_by` is "hash" or "class presence".
+DATASET_SPLIT = pa.schema([
+    ("image_id", pa.string()), ("patient_id", pa.string()), ("dataset", pa.string()), ("group_id", pa.string()),
+    ("split", pa.string()), ("placed_by", pa.string()),
+])
+# Decode pass of the manifest job: one row per manifest image; `phash` is the 256-bit DCT perceptual hash (hex).
+IMAGE_HASHES = pa.schema([
+    ("image_id", pa.string()), ("sha256", pa.string()), ("width", pa.int64()), ("height", pa.int64()),
+    ("mode", pa.string()), ("phash", pa.string()),
+])
+# Duplicate clusters of one dataset, one row per member image (clusters of >= 2 images only).
+DUPLICATES = pa.schema([
+    ("cluster_id", pa.string()), ("image_id", pa.string()), ("patient_id", pa.string()), ("sha256", pa.string()),
+    ("kind", pa.string()), ("distance", pa.int64()), ("nearest", pa.string()), ("n_images", pa.int64()),
+    ("n_patients", pa.int64()),
+])
+# Pairs of images of two different datasets with identical bytes (exact) or perceptual hashes within the threshold.
+CROSS_DUPLICATES = pa.schema([
+    ("dataset_a", pa.string()), ("image_a", pa.string()), ("split_a", pa.string()),
+    ("dataset_b", pa.string()), ("image_b", pa.string()), ("split_b", pa.string()),
+    ("kind", pa.string()), ("distance", pa.int64()),
+])
+# Raw files a manifest was built from: every regular file under the raw root with its size, mtime and (for the
+# files the job read: images, index files) sha256.
+RAW_FILES = pa.schema([
+    ("path", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()), ("sha256", pa.string()),
+])
 # Predictions: + one float64 column p_<class> per class, in the task's class order; protocols may add extras.
 PREDICTIONS = pa.schema([
     ("image_id", pa.string()), ("dataset", pa.string()), ("task", pa.string()), ("encoder", pa.string()),
@@ -46,7 +74,9 @@ TRAINING_LOG = pa.schema([
 ])
 
 KINDS = {"manifest": MANIFEST, "exclusions": EXCLUSIONS, "split": SPLIT, "image_index": IMAGE_INDEX,
-         "predictions": PREDICTIONS, "metrics": METRICS, "training_log": TRAINING_LOG}
+         "predictions": PREDICTIONS, "metrics": METRICS, "training_log": TRAINING_LOG,
+         "dataset_split": DATASET_SPLIT, "image_hashes": IMAGE_HASHES, "duplicates": DUPLICATES,
+         "cross_duplicates": CROSS_DUPLICATES, "raw_files": RAW_FILES}
 # Kinds whose tables may carry columns beyond the fixed ones, and the type those extras must have.
 _OPEN_KINDS = {"manifest": pa.string(), "predictions": None}
 
@@ -82,8 +112,12 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, kind: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     table = conform(df, kind, where=str(path))
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)  # atomic: a killed job never leaves a half-written artifact under the final name
+    try:
+        pq.write_table(table, tmp)
+        tmp.replace(path)  # atomic: a killed job never leaves a half-written artifact under the final name
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -61,3 +63,216 @@ def package_code_hash(*parts: str) -> str:
             h.update(str(f.relative_to(root)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent
+# Package registries that list every member: editing them (adding a dataset) must not count as a code change of
+# the members' jobs.
+_REGISTRY_MODULES = {"retinabench.data.adapters"}
+
+
+def _module_file(name: str) -> Path | None:
+    """Source file of a ``retinabench.*`` module (``None`` for other packages or a name that is not a module)."""
+    if name != "retinabench" and not name.startswith("retinabench."):
+        return None
+    parts = name.split(".")[1:]
+    if not parts:
+        return _PACKAGE_ROOT / "__init__.py"
+    rel = Path(*parts)
+    for candidate in (_PACKAGE_ROOT / rel.with_suffix(".py"), _PACKAGE_ROOT / rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Module names a source file imports (absolute and relative, at any depth: lazy imports count too)."""
+    import ast
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    return out
+
+
+def module_closure(*modules: str) -> list[Path]:
+    """The source files of ``modules`` and of every retinabench module they import, transitively; registry
+    ``__init__`` modules (``retinabench.data.adapters``) excluded."""
+    seen: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen or name in _REGISTRY_MODULES:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        seen[name] = path
+        todo.extend(_imports(path, name))
+    return sorted(set(seen.values()))
+
+
+@lru_cache(maxsize=None)
+def manifest_code_hash(adapter: str) -> str:
+    """Code hash of one dataset's manifest job: its adapter module and what it imports (shared helpers), plus
+    the manifest stage's own helpers. Adding or editing another adapter does not change it."""
+    from retinabench.data.adapters import ADAPTERS
+    if adapter not in ADAPTERS:
+        raise RegistryError(f"no adapter {adapter!r}; known adapters: {sorted(ADAPTERS)}")
+    files = module_closure(ADAPTERS[adapter].__module__, "retinabench.data.image_checks",
+                           "retinabench.data.subsample", "retinabench.data.raw_state")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(_PACKAGE_ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class ConfigError(ValueError):
+    """Problems found in a configuration before any job runs (all of them, one per line)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("the configuration cannot run:\n" + "\n".join(f"  - {p}" for p in problems)
+                         + "\n(checks on built manifests can be left to the jobs with RETINABENCH_NO_DATA_CHECKS=1, "
+                           "e.g. when an adapter fix will rebuild them)")
+
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(\d+))?)$")
+
+
+def device_problems(value: str, where: str, *, local: bool, gpus_per_job: int = 1) -> list[str]:
+    """A device that is not a device name, or that does not exist where the jobs run.
+
+    ``local``: jobs run on this machine, so CUDA / MPS availability and the GPU count are checked here; on a
+    cluster the check is against the GPUs one job is given (``gpus_per_job``; CUDA numbers a job's GPUs from 0)."""
+    m = _DEVICE.match(str(value))
+    if not m:
+        return [f"{where}: {value!r} is not a device (auto, cpu, cuda, cuda:N or mps)"]
+    if value in ("auto", "cpu"):
+        return []
+    index = int(m.group(3)) if m.group(3) else 0
+    if not local:
+        if value.startswith("cuda") and index >= gpus_per_job:
+            return [f"{where}: {value!r} does not exist in a job, which is given {gpus_per_job} GPU(s) numbered "
+                    f"from 0"]
+        return []
+    import torch
+    if value == "mps":
+        return [] if torch.backends.mps.is_available() else [f"{where}: 'mps' is not available on this machine"]
+    if not torch.cuda.is_available():
+        return [f"{where}: {value!r} but this machine has no CUDA device (use auto or cpu, or run on a GPU node)"]
+    if index >= torch.cuda.device_count():
+        return [f"{where}: {value!r} but this machine has {torch.cuda.device_count()} CUDA device(s)"]
+    return []
+
+
+def unpinned_encoders(registries: Registries, names: list[str]) -> list[str]:
+    """Selected encoders whose weights the lock file does not pin (retinabench.models.lock)."""
+    from retinabench.models.lock import unlocked
+    lines = unlocked(sorted(set(names)), registries.encoders)
+    if not lines:
+        return []
+    return [f"encoders without a valid lock record ({registries.encoders_lock_path}):\n      "
+            + "\n      ".join(lines)]
+
+
+def dataset_tasks(registries: Registries, dataset: str) -> list[dict]:
+    """Every registry task of a dataset: its one split assignment keeps all their classes in every split."""
+    return sorted((t for t in registries.tasks.values() if t["dataset"] == dataset), key=lambda t: t["name"])
+
+
+def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
+    """Checks that need a dataset's manifest (class placement, knn.k); datasets without one are noted only.
+
+    Uses the same functions as the split jobs on the manifest (and duplicate table) already built."""
+    from retinabench.data.splits import SplitError, assign_splits, task_split
+    from retinabench.schemas import read_table
+    split_cfg = config["split"]
+    knn_k = (config.get("knn") or {}).get("k", 20) if "knn" in config.get("protocols", []) else None
+    problems, notes, unbuilt = [], [], []
+    for dataset in plan_.datasets:
+        manifest_path = Path(plan_.results) / "data" / dataset / "manifest.parquet"
+        if not manifest_path.is_file():
+            unbuilt.append(dataset)
+            continue
+        entry = plan_.registries.dataset(dataset)
+        inputs = [Path(plan_.dataset_root(dataset)) / f for f in entry["index_files"]]
+        inputs.append(manifest_path.with_name("raw_fingerprint.json"))
+        newer = [str(f) for f in inputs if f.is_file() and f.stat().st_mtime > manifest_path.stat().st_mtime]
+        if newer:  # the manifest will be rebuilt: its old content must not block the run that fixes it
+            notes.append(f"{dataset}: the manifest is older than {newer[0]}, so class placement and knn.k are "
+                         f"checked by its split and frozen jobs")
+            continue
+        manifest = read_table(manifest_path, "manifest")
+        dup_path = manifest_path.with_name("duplicates.parquet")
+        dups = read_table(dup_path, "duplicates") if dup_path.is_file() else None
+        try:
+            assignment, _ = assign_splits(manifest, dataset_tasks(plan_.registries, dataset),
+                                          fractions=split_cfg["fractions"], seed=split_cfg["seed"], duplicates=dups,
+                                          near=split_cfg.get("group_near_duplicates", True),
+                                          method=split_cfg.get("method", "hash"), dataset=dataset)
+        except SplitError as err:
+            problems.append(f"dataset {dataset!r}: {err}")
+            continue
+        for name in plan_.tasks_of(dataset):
+            try:
+                split = task_split(manifest, assignment, plan_.registries.task(name), seed=split_cfg["seed"])
+            except SplitError as err:
+                problems.append(str(err))
+                continue
+            if isinstance(knn_k, int):
+                for regime in sorted({r.split("-")[0] for r in config.get("regimes", [])}):
+                    train = split[split["split"] == "train"]
+                    n = int(train["balanced"].sum() if regime == "b" else len(train))
+                    if knn_k > n:
+                        problems.append(f"knn.k = {knn_k} but task {name!r} has {n} training images in the "
+                                        f"{'balanced' if regime == 'b' else 'full'} training set (regimes "
+                                        f"{regime}-*); lower knn.k or set `k: auto`")
+    if unbuilt:
+        notes.append(f"no manifest yet for {', '.join(unbuilt)}: class placement and knn.k are checked by their "
+                     f"split and frozen jobs")
+    return problems, notes
+
+
+def check_config(config: dict, plan_: Plan, *, local: bool = True, data: bool = True) -> list[str]:
+    """Every problem of a configuration that is knowable before jobs run, raised at once as a ConfigError;
+    returns notes on what could not be checked yet."""
+    from retinabench.data.splits import SplitError, check_fractions
+    problems: list[str] = []
+    try:
+        check_fractions(config["split"]["fractions"])
+    except SplitError as err:
+        problems.append(f"split: {err}")
+    finetune = config.get("finetune") or {}
+    encoders = list(plan_.encoders)
+    if finetune.get("enabled"):
+        encoders += [e for e in (finetune.get("encoders") or []) if e not in encoders]
+    problems += unpinned_encoders(plan_.registries, encoders)
+    problems += device_problems((config.get("features") or {}).get("device", "auto"), "features.device",
+                                local=local)
+    if finetune.get("enabled"):
+        problems += device_problems(finetune.get("device", "auto"), "finetune.device", local=local)
+    k = (config.get("knn") or {}).get("k", 20)
+    if not (k == "auto" or (isinstance(k, int) and k >= 1)):
+        problems.append(f"knn.k must be a positive integer or 'auto', got {k!r}")
+    notes: list[str] = []
+    if os.environ.get("RETINABENCH_NO_DATA_CHECKS"):
+        data = False
+        notes.append("RETINABENCH_NO_DATA_CHECKS is set: class placement and knn.k are checked by the jobs only")
+    if data and not problems:
+        more, notes = data_problems(config, plan_)
+        problems += more
+    if problems:
+        raise ConfigError(problems)
+    return notes

@@ -95,3 +95,12 @@ def test_feature_constant_on_train_does_not_blow_up_validation():
     head, log = train_linear_probe(x[:200], y[:200], x[200:], y[200:], 2, seed=0, weighted=True, cfg=cfg)
     assert min(r["val_loss"] for r in log) < 0.5
     assert (head(torch.from_numpy(x[200:])).argmax(1).numpy() == y[200:]).mean() > 0.8
+
+
+def test_knn_k_larger_than_the_training_set_is_an_error_and_auto_is_resolved():
+    from retinabench.protocols.knn import resolve_k
+    train = np.eye(3, dtype=np.float32)
+    with pytest.raises(ValueError, match="k = 4 but the training set has 3 images"):
+        knn_predict_proba(train, np.array([0, 1, 1]), train[:1], 2, k=4)
+    assert resolve_k("auto", 3) == 3 and resolve_k("auto", 500) == 20 and resolve_k(7, 500) == 7
+    assert knn_predict_proba(train, np.array([0, 1, 1]), train[:1], 2, k="auto").shape == (1, 2)

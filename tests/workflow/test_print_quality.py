@@ -93,7 +93,7 @@ def test_the_skipped_table_says_what_was_not_produced_and_why(tiny_workflow):
     assert "second dataset" in by_output["transfer"]
     assert set(table.loc[table["output"] == "(whole section)", "section"]) >= {"6. Sensitivity"}
     assert (table["reason"].str.len() > 0).all()
-    stderr = (tiny_workflow / "snakemake.stderr").read_text()
+    stderr = (tiny_workflow / "run.log").read_text()
     assert "Skipped analyses (" in stderr and "cd_diagram" in stderr  # printed when the run ended
 
 
@@ -111,4 +111,4 @@ def test_long_jobs_log_progress_and_no_empty_shell_commands(tiny_workflow):
         for f in files:
             text = f.read_text()
             assert needle in text and "ETA" in text, (f, text[-500:])
-    assert "Shell command: None" not in (tiny_workflow / "snakemake.stderr").read_text()
+    assert "Shell command: None" not in (tiny_workflow / "run.log").read_text()

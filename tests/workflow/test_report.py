@@ -232,7 +232,9 @@ def test_figure_provenance_reaches_predictions_splits_weights_and_commit(work_co
         for task in p.tasks:
             assert f"results/predictions/frozen/{enc}/{task}.parquet" in out, (enc, task)
     for task in p.tasks:
-        assert f"/{task}.parquet  <- rule split" in out, task
+        assert f"/{task}.parquet  <- rule task_split" in out, task
+    for dataset in p.datasets:  # every task view comes from its dataset's one assignment
+        assert f"results/splits/{dataset}.parquet  <- rule split" in out, dataset
     for needle in ("rule signed_rank_distance", "rule ranks", "rule collect_metrics", "rule frozen",
                    "rule features", "weights:", "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
                    "none (random init)"):

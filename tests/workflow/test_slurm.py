@@ -68,7 +68,7 @@ CI_SITE = {"account": None, "qos": None, "flavour": "h100",
 CI_FLAGS = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
             "--seconds-between-status-checks", "1", "--latency-wait", "5"]
 GPU_RULES = {"features", "finetune"}
-CPU_RULES = {"phantom", "manifest", "image_cache", "split", "frozen"}
+CPU_RULES = {"phantom", "manifest", "duplicates", "image_cache", "split", "task_split", "frozen"}
 SLURM_RULES = {"features", "frozen", "finetune"}  # what the cluster runs: the targets' upstream runs locally
 
 
@@ -342,17 +342,17 @@ exec {srun} "$@"
 
 @pytest.fixture(scope="module")
 def slurm_runs(cluster, tmp_path_factory) -> SlurmRuns:
-    """The targets' upstream (phantom, manifest, image cache, split) runs locally and is copied to the Slurm workdir;
-    then 1) `snakemake TARGET FT_TARGET --profile slurm --retries 0`, its features job cancelled with scancel once the
-    features stage runs and its fine-tuning job once it has written a checkpoint (meanwhile the local copy finishes
-    the targets, for comparison); 2) the same command with the profile's retries while the first frozen job fails
-    once: completes everything (meanwhile a 2-GPU toy job runs). Upstream rules run locally only to keep the test
-    short: every rule's routing is checked by the dry runs above, and each Slurm job costs two Snakemake start-ups
-    plus status polling."""
+    """The targets' upstream (phantom, manifest, duplicates, image cache, splits) runs locally and is copied to the
+    Slurm workdir; then 1) `snakemake TARGET FT_TARGET --profile slurm --retries 0`, its features job cancelled with
+    scancel once the features stage runs and its fine-tuning job once it has written a checkpoint (meanwhile the
+    local copy finishes the targets, for comparison); 2) the same command with the profile's retries while the first
+    frozen job fails once: completes everything (meanwhile a 2-GPU toy job runs). Upstream rules run locally only to
+    keep the test short: every rule's routing is checked by the dry runs above, and each Slurm job costs two
+    Snakemake start-ups plus status polling."""
     tmp = tmp_path_factory.mktemp("slurmrun")
     local = workflow_copy(tmp / "local")
-    upstream = snakemake(local, TARGET, FT_TARGET, "--until", "split", "image_cache", "--profile", "profiles/local",
-                         "--cores", "2")
+    upstream = snakemake(local, TARGET, FT_TARGET, "--until", "task_split", "image_cache", "--profile",
+                         "profiles/local", "--cores", "2")
     assert upstream.returncode == 0, upstream.stderr[-6000:]
     work = tmp / "repo"
     shutil.copytree(local, work, symlinks=True)  # with .snakemake/ metadata and modification times

@@ -41,6 +41,13 @@ def load_image(path: Path, size: int, resize: str) -> np.ndarray:
         raise type(err)(f"image cache: cannot read {path}: {err}") from err
 
 
+def _try_load(path: Path, size: int, resize: str):
+    try:
+        return load_image(path, size, resize)
+    except (OSError, ValueError) as err:
+        return str(err)
+
+
 def build_image_cache(manifest: pd.DataFrame, root: str | os.PathLike, out_array: str | os.PathLike,
                       out_index: str | os.PathLike, *, size: int = 224, resize: str = "squash",
                       threads: int = 2, progress: bool = True) -> int:
@@ -49,21 +56,33 @@ def build_image_cache(manifest: pd.DataFrame, root: str | os.PathLike, out_array
     root = Path(root)
     out_array = Path(out_array)
     out_array.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_array.with_name(out_array.stem + ".tmp.npy")
+    tmp = Path(str(out_array) + ".tmp")  # removed on any failure: a failed job leaves no partial array behind
     n = len(manifest)
-    store = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, size, size, 3))
     paths = [root / p for p in manifest["path"]]
-    bar = _progress(n, f"cache {out_array.parent.name}", progress)
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for start in range(0, n, _CHUNK):  # chunked so memory stays flat whatever the dataset size
-            chunk = paths[start:start + _CHUNK]
-            for j, arr in enumerate(pool.map(lambda p: load_image(p, size, resize), chunk)):
-                store[start + j] = arr
-            bar.update(len(chunk))
-    bar.close()
-    store.flush()
-    del store
-    tmp.replace(out_array)
+    failed: list[str] = []
+    try:
+        store = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, size, size, 3))
+        bar = _progress(n, f"cache {out_array.parent.name}", progress)
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for start in range(0, n, _CHUNK):  # chunked so memory stays flat whatever the dataset size
+                chunk = paths[start:start + _CHUNK]
+                for j, arr in enumerate(pool.map(lambda p: _try_load(p, size, resize), chunk)):
+                    if isinstance(arr, str):
+                        failed.append(arr)
+                    else:
+                        store[start + j] = arr
+                bar.update(len(chunk))
+        bar.close()
+        if failed:  # every unreadable image at once (the manifest's decode pass normally catches them first)
+            more = f"\n  ... and {len(failed) - 50} more" if len(failed) > 50 else ""
+            raise OSError(f"image cache: {len(failed)} image(s) cannot be read:\n  " + "\n  ".join(failed[:50])
+                          + more)
+        store.flush()
+        del store
+        tmp.replace(out_array)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     write_table(pd.DataFrame({"image_id": manifest["image_id"].to_numpy(), "row": np.arange(n, dtype="int64")}),
                 out_index, "image_index")
     return n

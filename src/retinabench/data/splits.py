@@ -1,17 +1,53 @@
-"""Patient-disjoint, label-stratified train/val/test splits per (dataset, task), with balanced variants.
+"""One patient-disjoint, duplicate-aware, stable train/val/test assignment per dataset; per-task views of it.
 
-Groups (patients) are assigned to ``n_folds`` folds by scikit-learn's ``StratifiedGroupKFold`` (seeded); the
-first folds form train, the next val, the last test, in the configured proportions (70/15/15 -> 14/3/3 of 20).
-``balanced`` marks the class-balanced variant of each split: every class undersampled to the rarest class's
-count, seeded, for the paper's u-u / u-b / b-b / b-u regimes (first letter: training data, second: test data).
+**Groups.** Images are grouped by the connected components of "same patient id" ∪ "same sha256" ∪ "same
+duplicate cluster" (retinabench.data.duplicates; near duplicates join unless ``near=False``). A group is placed
+whole, so no patient and no exact (or near) duplicate can be in two splits. An image without a patient id is its
+own group (merged with its duplicates), which the report notes. A group's id is the smallest of its members'
+keys (``p:<patient id>``, or ``i:<image id>`` without one), so it does not depend on any other group.
+
+**Stable placement.** Each group is placed by a seeded hash of its id alone: ``u = sha256(salt:seed:group id)``
+as a number in [0, 1), train if ``u < 0.70``, val if ``u < 0.85``, test otherwise (the configured fractions).
+Removing a patient moves no image of any other patient; adding patients moves none of the existing ones (only
+groups that new duplicate links merge can move, together). Because every group is placed independently, the
+realised fractions are binomial, not exact: the image fraction of split s has standard deviation
+``sd = sqrt(p_s (1 - p_s) Σ n_g²) / Σ n_g`` (n_g: images of group g), and :func:`assign_splits` fails when a split
+is more than :data:`TOLERANCE_SD` = 4 sd from its target (probability < 1e-4 per split). On tvhl (2,661 images in
+1,755 groups) sd is 1.4 points for train and 1.1 for val and test, so the tolerance is ±5.8 / ±4.5 points
+(realised: 71.9 / 13.7 / 14.4 %); on a 60-patient dataset it is ±26 / ±20 points. Stratification by label, or
+exact fractions, need placements that depend on other groups (ranks), which is exactly what moves other
+patients when the data change; ``method: ranked`` is that trade: groups in hash order, cut where the cumulative
+image count crosses 70 % and 85 %, so image fractions are exact to within one group, and a removed or added group
+moves at most the groups it shifts across a cut (typically one per cut). Classes are not stratified by either
+method; instead every task's classes are required in every split:
+
+**Class presence.** For every task of the dataset (all registry tasks, so the assignment does not depend on which
+tasks a config selects) and every class with at least three groups, a split without any group of that class gets
+one: the group of that class whose ``u`` is closest to the split's interval, taken from a split that keeps at
+least one of the class (and, where possible, without emptying another task's class there). Such groups have
+``placed_by = "class presence"``. A class held by fewer than three groups cannot be in all three splits: the task's
+view fails with that reason (and ``snakemake -n`` refuses the task when the manifest exists).
+
+**Per-task views** (:func:`task_split`): the task's rows (its modality, a valid label) with the dataset's split,
+the class index ``y`` and the ``balanced`` variant (each class undersampled to the rarest class's count per split,
+keeping the images with the smallest seeded hash of their id, so it is stable too) for the paper's regimes
+u-u / u-b / b-b / b-u (first letter: training data, second: test data).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
-from sklearn.model_selection import StratifiedGroupKFold
 
-from retinabench.schemas import SPLIT, SPLITS
+from retinabench.hashing import unit_hash
+from retinabench.schemas import DATASET_SPLIT, SPLIT, SPLITS
+
+SALT = "retinabench-split-v1"
+TOLERANCE_SD = 4.0
+DEFAULT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
+PRESENCE = "class presence"
+METHODS = ("hash", "ranked")
 
 
 class SplitError(ValueError):
@@ -40,65 +76,267 @@ def task_rows(manifest: pd.DataFrame, task: dict) -> tuple[pd.DataFrame, int]:
     return rows, unlabelled
 
 
-def _fold_counts(fractions: dict[str, float], n_folds: int) -> dict[str, int]:
-    if abs(sum(fractions.values()) - 1.0) > 1e-9:
-        raise SplitError(f"split fractions must sum to 1, got {fractions}")
-    counts = {k: fractions[k] * n_folds for k in SPLITS}
-    if any(abs(v - round(v)) > 1e-9 or round(v) < 1 for v in counts.values()):
-        raise SplitError(f"split fractions {fractions} are not whole, non-zero multiples of 1/{n_folds}")
-    return {k: int(round(v)) for k, v in counts.items()}
+def check_fractions(fractions: dict[str, float]) -> dict[str, float]:
+    missing = [s for s in SPLITS if s not in fractions]
+    if missing:
+        raise SplitError(f"split fractions {fractions} lack {missing}")
+    if any(not 0 < fractions[s] < 1 for s in SPLITS):
+        raise SplitError(f"split fractions must each be in (0, 1), got {fractions}")
+    total = sum(fractions[s] for s in SPLITS)
+    if abs(total - 1.0) > 1e-6:
+        raise SplitError(f"split fractions must sum to 1, got {fractions} (sum {total:g})")
+    return {s: float(fractions[s]) for s in SPLITS}
 
 
-def make_split(manifest: pd.DataFrame, task: dict, *, fractions: dict[str, float] | None = None, seed: int = 0,
-               n_folds: int = 20) -> pd.DataFrame:
-    fractions = fractions or {"train": 0.70, "val": 0.15, "test": 0.15}
-    folds_per_split = _fold_counts(fractions, n_folds)
-    rows, _ = task_rows(manifest, task)
-    rows = rows.sort_values("image_id", kind="stable").reset_index(drop=True)
-    classes = list(task["classes"])
-    y = rows[task["label"]].map({c: i for i, c in enumerate(classes)}).to_numpy()
-    n_groups = rows["patient_id"].nunique()
-    if n_groups < n_folds:
-        raise SplitError(f"task {task['name']!r}: {n_groups} patients, fewer than the {n_folds} folds needed")
-    sgkf = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-    fold = np.empty(len(rows), dtype=int)
-    for k, (_, test_idx) in enumerate(sgkf.split(np.zeros(len(rows)), y, groups=rows["patient_id"].to_numpy())):
-        fold[test_idx] = k
-    # Fold indices are a random permutation of groups already (shuffle=True), so contiguous blocks are fine.
-    edges = np.cumsum([folds_per_split[s] for s in SPLITS])
-    split = np.array(SPLITS)[np.searchsorted(edges, fold, side="right")]
-    out = pd.DataFrame({"image_id": rows["image_id"], "patient_id": rows["patient_id"].astype(str),
-                        "dataset": task["dataset"], "task": task["name"], "label": rows[task["label"]].astype(str),
-                        "y": y.astype("int64"), "split": split})
-    out["balanced"] = _balanced_mask(out, seed)
-    check_split(out, task)
-    return out[SPLIT.names]
+def _components(n: int, links: list[np.ndarray]) -> np.ndarray:
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    i = np.concatenate([np.arange(n)] + [np.arange(n)] * len(links))
+    j = np.concatenate([np.arange(n)] + links)
+    graph = coo_matrix((np.ones(len(i), dtype=np.int8), (i, j)), shape=(n, n))
+    return connected_components(graph, directed=False)[1]
+
+
+def _first_of(codes: np.ndarray) -> np.ndarray:
+    """For each row, the first row with the same code (itself where the code is -1: no link)."""
+    s = pd.Series(np.arange(len(codes)))
+    first = s.groupby(codes).transform("min").to_numpy()
+    return np.where(codes < 0, np.arange(len(codes)), first)
+
+
+def split_groups(manifest: pd.DataFrame, duplicates: pd.DataFrame | None = None, *, near: bool = True
+                 ) -> tuple[pd.DataFrame, dict]:
+    """``image_id, patient_id, group_id`` per manifest image (sorted by image id) and merge counts."""
+    m = manifest.reindex(columns=["image_id", "patient_id", "sha256"])  # sha256 may be absent (tables built by hand)
+    m = m.sort_values("image_id", kind="stable").reset_index(drop=True)
+    if m["image_id"].duplicated().any():
+        first = m.loc[m["image_id"].duplicated(), "image_id"].iloc[0]
+        raise SplitError(f"manifest has duplicate image ids, e.g. {first}")
+    pid = m["patient_id"].astype("string")
+    pid = pid.where(pid.str.strip().fillna("") != "", pd.NA)
+    key = ("p:" + pid).fillna("i:" + m["image_id"])
+    patient_link = _first_of(pd.factorize(pid, use_na_sentinel=True)[0])
+    sha_link = _first_of(pd.factorize(m["sha256"].astype("string"), use_na_sentinel=True)[0])
+    links = [patient_link, sha_link]
+    n_near_links = 0
+    if duplicates is not None and len(duplicates):
+        d = duplicates if near else duplicates[duplicates["kind"] == "exact"]
+        cluster = m["image_id"].map(dict(zip(d["image_id"], d["cluster_id"])))
+        links.append(_first_of(pd.factorize(cluster, use_na_sentinel=True)[0]))
+        n_near_links = int((d["kind"] == "near").sum())
+    comp_pe = _components(len(m), links[:2])
+    comp = _components(len(m), links)
+    group = key.groupby(comp).transform("min")
+    out = pd.DataFrame({"image_id": m["image_id"], "patient_id": pid, "group_id": group.astype(str)})
+
+    def spanning(c):
+        per = key[pid.notna()].groupby(c[pid.notna().to_numpy()]).nunique()
+        return per[per > 1]
+
+    merged, merged_exact = spanning(comp), spanning(comp_pe)
+    report = {"n_images": int(len(m)), "n_patients": int(pid.nunique()), "n_groups": int(out["group_id"].nunique()),
+              "groups_merging_patients": int(len(merged)), "patients_in_merged_groups": int(merged.sum()),
+              "groups_merging_patients_by_exact_duplicates": int(len(merged_exact)),
+              "near_duplicate_images_grouped": n_near_links if near else 0,
+              "images_without_patient_id": int(pid.isna().sum()),
+              "largest_group_images": int(out["group_id"].value_counts().max()) if len(out) else 0}
+    if report["images_without_patient_id"]:
+        report["note"] = (f"{report['images_without_patient_id']} images have no patient id: each is its own group "
+                          f"(merged with its duplicates), so images of one unrecorded patient may be in two splits")
+    return out, report
+
+
+def _requirements(manifest: pd.DataFrame, groups: pd.DataFrame, tasks: list[dict]) -> dict[tuple[str, str], list]:
+    """(task, class) -> sorted group ids holding that class in the task's rows."""
+    gid = dict(zip(groups["image_id"], groups["group_id"]))
+    reqs: dict[tuple[str, str], list] = {}
+    for task in sorted(tasks, key=lambda t: t["name"]):
+        rows, _ = task_rows(manifest, task)
+        g = rows["image_id"].map(gid)
+        for cls in task["classes"]:
+            reqs[(task["name"], cls)] = sorted(set(g[rows[task["label"]] == cls]))
+    return reqs
+
+
+def _interval_distance(u: float, lo: float, hi: float) -> float:
+    return 0.0 if lo <= u < hi else min(abs(u - lo), abs(u - hi))
+
+
+def _ensure_presence(split_of: dict, u: dict, reqs: dict, bounds: dict) -> tuple[list[dict], list[dict]]:
+    """Move the fewest groups so every feasible (task, class) has a group in every split (see module doc)."""
+    member: dict[str, list] = {}
+    for r, gs in reqs.items():
+        for g in gs:
+            member.setdefault(g, []).append(r)
+    infeasible = [{"task": t, "class": c, "groups": len(gs)} for (t, c), gs in reqs.items() if len(gs) < len(SPLITS)]
+    feasible = {r: gs for r, gs in reqs.items() if len(gs) >= len(SPLITS)}
+    moves: list[dict] = []
+    moved: set = set()
+
+    def count(r, s):
+        return sum(split_of[g] == s for g in feasible[r])
+
+    for _ in range(len(SPLITS) * 4):
+        changed = False
+        for r in sorted(feasible):
+            gs = feasible[r]
+            for s in SPLITS:
+                if any(split_of[g] == s for g in gs):
+                    continue
+                cands = [g for g in gs if g not in moved and count(r, split_of[g]) >= 2]
+                safe = [g for g in cands
+                        if all(count(q, split_of[g]) >= 2 for q in member[g] if q in feasible and q != r)]
+                pool = safe or cands
+                if not pool:
+                    raise SplitError(f"task {r[0]!r}: class {r[1]!r} ({len(gs)} groups) cannot be placed in {s}")
+                g = min(pool, key=lambda x: (_interval_distance(u[x], *bounds[s]), x))
+                moves.append({"group_id": g, "from": split_of[g], "to": s, "task": r[0], "class": r[1]})
+                split_of[g] = s
+                moved.add(g)
+                changed = True
+        if not changed:
+            break
+    missing = [(r, s) for r in feasible for s in SPLITS if count(r, s) == 0]
+    if missing:
+        (t, c), s = missing[0]
+        raise SplitError(f"task {t!r}: class {c!r} could not be placed in {s} ({len(missing)} such gaps)")
+    return moves, infeasible
+
+
+def fraction_tolerance(group_sizes: np.ndarray, fractions: dict[str, float]) -> dict[str, float]:
+    """``TOLERANCE_SD`` standard deviations of each split's image fraction under independent group placement."""
+    n = float(group_sizes.sum())
+    conc = math.sqrt(float((group_sizes.astype(float) ** 2).sum())) / n if n else 1.0
+    return {s: TOLERANCE_SD * math.sqrt(p * (1 - p)) * conc for s, p in fractions.items()}
+
+
+def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[str, float] | None = None,
+                  seed: int = 0, duplicates: pd.DataFrame | None = None, near: bool = True,
+                  method: str = "hash", dataset: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """The dataset's split assignment (schema ``dataset_split``) and its report (groups, merges, fractions,
+    tolerance, class-presence moves). See the module doc."""
+    fractions = check_fractions(fractions or DEFAULT_FRACTIONS)
+    dataset = dataset or (str(manifest["dataset"].iloc[0]) if len(manifest) else "?")
+    groups, report = split_groups(manifest, duplicates, near=near)
+    if groups["group_id"].nunique() < len(SPLITS):
+        raise SplitError(f"dataset {dataset!r}: {groups['group_id'].nunique()} groups (patients ∪ duplicate "
+                         f"clusters), fewer than the {len(SPLITS)} splits")
+    if method not in METHODS:
+        raise SplitError(f"split method must be one of {METHODS}, got {method!r}")
+    gids = sorted(groups["group_id"].unique())
+    u = {g: unit_hash(SALT, seed, g) for g in gids}
+    if method == "ranked":  # position = midpoint of the group's share of the images, in hash order
+        size = groups["group_id"].value_counts()
+        order = sorted(gids, key=lambda g: (u[g], g))
+        cum = np.cumsum([size[g] for g in order]) / len(groups)
+        pos = dict(zip(order, cum - np.array([size[g] for g in order]) / (2 * len(groups))))
+    else:
+        pos = u
+    edges = np.cumsum([fractions[s] for s in SPLITS])
+    bounds = {s: (0.0 if k == 0 else float(edges[k - 1]), 1.0 if k == len(SPLITS) - 1 else float(edges[k]))
+              for k, s in enumerate(SPLITS)}
+    split_of = {g: next(s for s in SPLITS if pos[g] < bounds[s][1]) for g in gids}
+    u = pos  # class-presence moves take the group closest to the missing split's interval in this position
+    moves, infeasible = _ensure_presence(split_of, u, _requirements(manifest, groups, tasks), bounds)
+    moved = {m["group_id"] for m in moves}
+    out = groups.assign(dataset=dataset, split=groups["group_id"].map(split_of),
+                        placed_by=np.where(groups["group_id"].isin(moved), PRESENCE, "hash"))
+    out["patient_id"] = out["patient_id"].astype(object).where(out["patient_id"].notna(), None)
+    sizes = out["group_id"].value_counts().to_numpy()
+    tol = fraction_tolerance(sizes, fractions)
+    realised = out["split"].value_counts(normalize=True).reindex(list(SPLITS), fill_value=0.0)
+    report |= {"method": method, "seed": seed, "fractions": fractions,
+               "realised_fractions": {s: round(float(realised[s]), 4) for s in SPLITS},
+               "group_fractions": {s: round(sum(v == s for v in split_of.values()) / len(gids), 4) for s in SPLITS},
+               "tolerance": {s: round(t, 4) for s, t in tol.items()},
+               "class_presence_moves": moves, "classes_too_rare": infeasible}
+    if method == "ranked":  # exact up to the groups straddling the cuts
+        tol = {s: float(max(sizes)) * 2 / len(out) for s in SPLITS}
+    moved_share = float(out["placed_by"].eq(PRESENCE).mean())  # class-presence moves widen it by what they moved
+    tol = {s: t + moved_share for s, t in tol.items()}
+    report["tolerance"] = {s: round(t, 4) for s, t in tol.items()}
+    off = [s for s in SPLITS if abs(realised[s] - fractions[s]) > tol[s]]
+    if off:
+        s = off[0]
+        raise SplitError(f"dataset {dataset!r}: {s} holds {realised[s]:.1%} of the images, target {fractions[s]:.0%} "
+                         f"± {tol[s]:.1%} ({TOLERANCE_SD:g} sd of independent group placement); largest group "
+                         f"{report['largest_group_images']} images. Check the duplicate clusters and patient ids")
+    check_assignment(out, manifest)
+    return out[DATASET_SPLIT.names].reset_index(drop=True), report
+
+
+def check_assignment(assignment: pd.DataFrame, manifest: pd.DataFrame) -> None:
+    """Fail loudly on a patient, a group or an exact duplicate (sha256) in two splits."""
+    a = assignment.merge(manifest.reindex(columns=["image_id", "sha256"]), on="image_id", how="left")
+    for col, what in (("patient_id", "patient"), ("group_id", "group"), ("sha256", "identical image (sha256)")):
+        per = a.dropna(subset=[col]).groupby(col)["split"].nunique()
+        bad = per[per > 1]
+        if len(bad):
+            key = bad.index[0]
+            rows = a[a[col] == key]
+            raise SplitError(f"{what} {key} is in splits {sorted(rows['split'].unique())} (images "
+                             f"{sorted(rows['image_id'])[:5]}; {len(bad)} such)")
 
 
 def _balanced_mask(df: pd.DataFrame, seed: int) -> np.ndarray:
+    """Per split, each class undersampled to the rarest class's count: the images with the smallest seeded hash."""
+    h = df["image_id"].map(lambda i: unit_hash(SALT, "balanced", seed, i)).to_numpy()
     mask = np.zeros(len(df), dtype=bool)
-    for i, name in enumerate(SPLITS):
-        part = df.index[df["split"] == name]
+    for s in SPLITS:
+        part = df["split"].to_numpy() == s
         counts = df.loc[part, "y"].value_counts()
         if counts.empty:
             continue
         n_min = counts.min()
-        rng = np.random.default_rng([seed, i])
-        for cls in sorted(counts.index):
-            idx = df.index[(df["split"] == name) & (df["y"] == cls)].to_numpy()
-            mask[rng.choice(idx, size=n_min, replace=False)] = True
+        for cls in counts.index:
+            idx = np.flatnonzero(part & (df["y"].to_numpy() == cls))
+            mask[idx[np.argsort(h[idx], kind="stable")[:n_min]]] = True
     return mask
 
 
-def check_split(df: pd.DataFrame, task: dict) -> None:
-    """Fail loudly on a patient in two splits, a missing class, or an unbalanced 'balanced' variant."""
+def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, seed: int = 0) -> pd.DataFrame:
+    """The task's view of the dataset assignment (schema ``split``), checked (see :func:`check_split`)."""
+    rows, _ = task_rows(manifest, task)
+    rows = rows.sort_values("image_id", kind="stable").reset_index(drop=True)
+    a = assignment.set_index("image_id")
+    missing = rows.loc[~rows["image_id"].isin(a.index), "image_id"]
+    if len(missing):
+        raise SplitError(f"task {task['name']!r}: {len(missing)} images have no split assignment, e.g. "
+                         f"{missing.iloc[0]} (is the split older than the manifest?)")
+    classes = list(task["classes"])
+    y = rows[task["label"]].map({c: i for i, c in enumerate(classes)}).to_numpy()
+    group = a.loc[rows["image_id"], "group_id"].to_numpy()
+    pid = rows["patient_id"].astype("string").to_numpy()
+    out = pd.DataFrame({"image_id": rows["image_id"], "patient_id": np.where(pd.isna(pid), group, pid).astype(str),
+                        "dataset": task["dataset"], "task": task["name"], "label": rows[task["label"]].astype(str),
+                        "y": y.astype("int64"), "split": a.loc[rows["image_id"], "split"].to_numpy()})
+    out["balanced"] = _balanced_mask(out, seed)
+    check_split(out, task, groups=group, sha256=rows["sha256"].to_numpy() if "sha256" in rows else None)
+    return out[SPLIT.names]
+
+
+def make_split(manifest: pd.DataFrame, task: dict, *, fractions: dict[str, float] | None = None, seed: int = 0,
+               duplicates: pd.DataFrame | None = None, method: str = "hash") -> pd.DataFrame:
+    """One task's split computed from its manifest alone (the workflow uses one assignment per dataset)."""
+    assignment, _ = assign_splits(manifest, [task], fractions=fractions, seed=seed, duplicates=duplicates,
+                                  method=method, dataset=task["dataset"])
+    return task_split(manifest, assignment, task, seed=seed)
+
+
+def check_split(df: pd.DataFrame, task: dict, *, groups=None, sha256=None) -> None:
+    """Fail loudly on a patient, group or identical image in two splits, a missing class, or an unbalanced
+    'balanced' variant."""
     where = f"split of task {task['name']!r}"
-    per_patient = df.groupby("patient_id")["split"].nunique()
-    leaked = per_patient[per_patient > 1]
-    if len(leaked):
-        pid = leaked.index[0]
-        seen = sorted(df.loc[df["patient_id"] == pid, "split"].unique())
-        raise SplitError(f"{where}: patient {pid} appears in {seen} ({len(leaked)} patients in several splits)")
+    for values, what in ((df["patient_id"].to_numpy(), "patient"), (groups, "group"),
+                         (sha256, "identical image (sha256)")):
+        if values is None:
+            continue
+        per = pd.Series(df["split"].to_numpy()).groupby(np.asarray(values)).nunique()
+        leaked = per[per > 1]
+        if len(leaked):
+            key = leaked.index[0]
+            seen = sorted(df.loc[np.asarray(values) == key, "split"].unique())
+            raise SplitError(f"{where}: {what} {key} appears in {seen} ({len(leaked)} {what}s in several splits)")
     if df["image_id"].duplicated().any():
         raise SplitError(f"{where}: duplicate image_id {df.loc[df['image_id'].duplicated(), 'image_id'].iloc[0]}")
     counts = df.groupby(["split", "y"]).size().unstack(fill_value=0).reindex(index=list(SPLITS), fill_value=0)
@@ -107,8 +345,10 @@ def check_split(df: pd.DataFrame, task: dict) -> None:
         for k, cls in enumerate(task["classes"]):
             if counts.loc[s, k] == 0:
                 per = ", ".join(f"{t} {counts.loc[t, k]}" for t in SPLITS)
-                raise SplitError(f"{where}: class {cls!r} has no images in {s} ({per}); "
-                                 f"the task needs more patients of that class")
+                groups_of = df.loc[df["y"] == k, "patient_id"].nunique() if groups is None else \
+                    len(set(np.asarray(groups)[df["y"].to_numpy() == k]))
+                raise SplitError(f"{where}: class {cls!r} has no images in {s} ({per}; {groups_of} patient "
+                                 f"groups hold it, {len(SPLITS)} needed); the task needs more patients of that class")
     bal = df[df["balanced"]].groupby(["split", "y"]).size().unstack(fill_value=0)
     for s in bal.index:
         if bal.loc[s].nunique() != 1:
@@ -120,7 +360,8 @@ def split_summary(df: pd.DataFrame, task: dict) -> dict:
     return {
         "n_images": int(len(df)), "n_patients": int(df["patient_id"].nunique()),
         "counts": {f"{s}/{c}": int(n) for (s, c), n in counts.items()},
-        "balanced_counts": {f"{s}/{c}": int(n) for (s, c), n in df[df["balanced"]].groupby(["split", "label"]).size().items()},
+        "balanced_counts": {f"{s}/{c}": int(n)
+                            for (s, c), n in df[df["balanced"]].groupby(["split", "label"]).size().items()},
         "realised_fractions": {s: round(float((df["split"] == s).mean()), 4) for s in SPLITS},
     }
 
@@ -128,4 +369,3 @@ def split_summary(df: pd.DataFrame, task: dict) -> dict:
 def regime_rows(split: pd.DataFrame, part: str, balanced: bool) -> pd.DataFrame:
     rows = split[split["split"] == part]
     return rows[rows["balanced"]] if balanced else rows
-

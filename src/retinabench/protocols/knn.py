@@ -8,11 +8,26 @@ import numpy as np
 import torch
 
 
+AUTO_K = 20  # `k: auto` -> min(AUTO_K, training images)
+
+
+def resolve_k(k: int | str, n_train: int) -> int:
+    """The neighbour count used: ``auto`` is ``min(20, n_train)``; a number larger than the training set is an
+    error (capping it silently would report a different protocol than the one configured)."""
+    if k == "auto":
+        return max(1, min(AUTO_K, n_train))
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"knn: k must be a positive integer or 'auto', got {k!r}")
+    if k > n_train:
+        raise ValueError(f"knn: k = {k} but the training set has {n_train} images; lower knn.k or set k: auto")
+    return int(k)
+
+
 def knn_predict_proba(train_x: np.ndarray, train_y: np.ndarray, query_x: np.ndarray, n_classes: int, *,
-                      k: int = 20, temperature: float = 0.07, chunk: int = 4096) -> np.ndarray:
+                      k: int | str = 20, temperature: float = 0.07, chunk: int = 4096) -> np.ndarray:
     tr = torch.nn.functional.normalize(torch.as_tensor(train_x, dtype=torch.float32), dim=1)
     ty = torch.as_tensor(np.array(train_y), dtype=torch.long)
-    k = min(k, tr.shape[0])
+    k = resolve_k(k, tr.shape[0])
     out = []
     for start in range(0, len(query_x), chunk):
         q = torch.nn.functional.normalize(torch.as_tensor(query_x[start:start + chunk], dtype=torch.float32), dim=1)

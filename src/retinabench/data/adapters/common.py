@@ -54,7 +54,11 @@ class Exclusions:
 
 
 def finish_manifest(df: pd.DataFrame, root: Path, label_columns: list[str], threads: int = 4) -> pd.DataFrame:
-    """Check the fixed columns, add each file's sha256 and return columns in schema order."""
+    """Check the fixed columns, add each file's sha256 and return columns in schema order.
+
+    Hashing goes through :func:`retinabench.hashing.sha256_file`, which the manifest job primes from the raw-file
+    cache (retinabench.data.raw_state), so a rerun re-hashes only files whose size or mtime changed. The decode
+    pass (corrupt images, perceptual hashes) runs after the adapter, in the manifest stage, for every adapter."""
     dupes = df.loc[df["image_id"].duplicated(keep=False), "image_id"]
     if len(dupes):
         raise ValueError(f"manifest for {root}: duplicate image_id values {sorted(set(dupes))[:10]}")

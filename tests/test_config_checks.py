@@ -1,0 +1,91 @@
+"""Start-up checks of a configuration (retinabench.workflow_plan.check_config) and per-adapter code hashes."""
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from retinabench.workflow_plan import (ConfigError, check_config, device_problems, manifest_code_hash,
+                                       module_closure, plan)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def base_config(**over):
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg["registries"] = {k: str(REPO / v) for k, v in cfg["registries"].items()}
+    cfg.update(over)
+    return cfg
+
+
+def problems(cfg, **kw):
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg, plan(cfg), **kw)
+    return err.value.problems
+
+
+def test_the_default_config_passes_and_notes_unbuilt_manifests(tmp_path):
+    cfg = base_config(results=str(tmp_path))
+    notes = check_config(cfg, plan(cfg))
+    assert any("no manifest yet for phantom, phantom_siteb" in n for n in notes)
+
+
+def test_config_problems_are_all_listed_at_once(tmp_path):
+    cfg = base_config(results=str(tmp_path), encoders=["efficientnet_lite0_in1k", "dinov2_vitb14"])
+    cfg["split"] = {**cfg["split"], "fractions": {"train": 0.8, "val": 0.15, "test": 0.15}}
+    cfg["features"] = {"batch_size": 64, "device": "gpu"}
+    found = problems(cfg)
+    assert len(found) == 3
+    assert "split: split fractions must sum to 1" in found[0] and "sum 1.1" in found[0]
+    assert "encoder 'dinov2_vitb14' is not locked (hub weights)" in found[1]
+    assert "retinabench lock-encoders dinov2_vitb14" in found[1] and "encoders.lock.yaml" in found[1]
+    assert "features.device: 'gpu' is not a device" in found[2]
+
+
+def test_devices_that_do_not_exist_are_refused():
+    assert device_problems("auto", "d", local=True) == [] and device_problems("cpu", "d", local=False) == []
+    assert "is given 1 GPU(s)" in device_problems("cuda:1", "d", local=False)[0]
+    assert device_problems("cuda:0", "d", local=False) == []
+    import torch
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in device_problems("cuda", "d", local=True)[0]
+    else:
+        n = torch.cuda.device_count()
+        assert f"has {n} CUDA device(s)" in device_problems(f"cuda:{n}", "d", local=True)[0]
+
+
+@pytest.mark.shared
+def test_knn_k_and_class_placement_are_checked_on_built_manifests(tvhl_copy, tmp_path, make_manifest_job):
+    from retinabench.stages import run_stage
+    results = tmp_path / "results"
+    run_stage("manifest", make_manifest_job(tvhl_copy, results))
+    cfg = base_config(results=str(results), data_root=str(tvhl_copy.parent), datasets=["tvhl"],
+                      tasks=["tvhl_cfp_dme", "tvhl_oct_dme"])
+    cfg["knn"] = {"k": 100000, "temperature": 0.07}
+    found = problems(cfg)
+    assert any("knn.k = 100000 but task 'tvhl_cfp_dme' has" in p and "training images in the full" in p
+               for p in found), found
+    assert any("in the balanced training set" in p for p in found)
+    auto = copy.deepcopy(cfg)
+    auto["knn"] = {"k": "auto", "temperature": 0.07}
+    assert check_config(auto, plan(auto)) == []
+    rare = copy.deepcopy(auto)
+    rare["tasks"] = ["tvhl_cfp_dr3"]  # 24 fundus images: PDR is held by too few patients for three splits
+    found = problems(rare)
+    assert any("split of task 'tvhl_cfp_dr3': class" in p and "3 needed" in p for p in found), found
+    # a manifest older than its raw inputs is about to be rebuilt: its content does not block the run
+    csv = tvhl_copy / "EYE FUNDUS.csv"
+    later = (results / "data/tvhl/manifest.parquet").stat().st_mtime + 10
+    os.utime(csv, (later, later))
+    notes = check_config(rare, plan(rare))
+    assert any("the manifest is older than" in n for n in notes), notes
+
+
+def test_manifest_code_hash_covers_only_the_adapter_and_its_helpers():
+    files = {str(p.relative_to(REPO / "src" / "retinabench")) for p in module_closure(
+        "retinabench.data.adapters.tvhl")}
+    assert {"data/adapters/tvhl.py", "data/adapters/common.py", "data/adapters/labels.py"} <= files
+    assert "data/adapters/phantom.py" not in files and "data/adapters/__init__.py" not in files
+    assert "data/splits.py" not in files  # editing the split code does not rebuild manifests
+    assert manifest_code_hash("tvhl") != manifest_code_hash("phantom")
