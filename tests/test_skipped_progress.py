@@ -67,3 +67,44 @@ def test_progress_prints_counts_eta_and_a_last_line():
     buf = io.StringIO()
     assert list(progress(iter("abc"), "letters", file=buf)) == ["a", "b", "c"]  # no len(): counts only
     assert "letters: 1 items" in buf.getvalue()
+
+
+def test_a_job_summary_names_rows_pixels_files_and_time(tmp_path):
+    from PIL import Image
+
+    from retinabench.progress import SUMMARY_PREFIX, describe_output, job_summary
+    pd.DataFrame({"a": range(7)}).to_parquet(tmp_path / "t.parquet")
+    pd.DataFrame({"a": range(3)}).to_csv(tmp_path / "t.csv", index=False)
+    Image.new("RGB", (40, 30)).save(tmp_path / "f.png")
+    (tmp_path / "d").mkdir()
+    for name in ("x.png", "x.png.prov.json", "y.csv"):
+        (tmp_path / "d" / name).write_text("")
+    (tmp_path / "model.pt").write_bytes(b"\0" * 11)
+    assert describe_output(tmp_path / "t.parquet").endswith("(7 rows)")
+    assert describe_output(tmp_path / "t.csv").endswith("(3 rows)")
+    assert describe_output(tmp_path / "f.png").endswith("(40x30 px)")
+    assert describe_output(tmp_path / "d").endswith("/ (2 files)")  # sidecars are not counted
+    assert describe_output(tmp_path / "model.pt").endswith("(11 bytes)")
+    assert describe_output(tmp_path / "absent.parquet").endswith("(not written)")
+    outs = [tmp_path / n for n in ("t.parquet", "t.csv", "f.png", "d", "model.pt", "t.parquet", "t.csv", "f.png")]
+    line = job_summary("frozen", {"encoder": "e", "task": "t"}, outs, 75.2)
+    assert line.startswith(f"{SUMMARY_PREFIX} frozen (encoder=e, task=t): wrote 8 output(s): ")
+    assert "(7 rows)" in line and "2 more" in line and line.endswith("in 0:01:15 (75.2 s)")
+    assert "\n" not in line
+
+
+def test_run_stage_ends_the_log_with_the_summary(tmp_path, capsys):
+    from retinabench import stages
+    from retinabench.stages import Job, run_stage
+
+    def stage(job):
+        pd.DataFrame({"x": [1, 2]}).to_parquet(job.output["table"])
+        print("working")
+    stages.STAGES["_test_summary"] = stage
+    try:
+        run_stage("_test_summary", Job(rule="demo", input={}, output={"table": str(tmp_path / "o.parquet")},
+                                       wildcards={"dataset": "d"}))
+    finally:
+        del stages.STAGES["_test_summary"]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("[done] demo (dataset=d): wrote 1 output(s): ") and "o.parquet (2 rows)" in last

@@ -342,10 +342,17 @@ def run_stage(name: str, job: Job) -> None:
         fn = STAGES[name]
     except KeyError:
         raise KeyError(f"unknown stage {name!r}; known: {sorted(STAGES)}") from None
+    from retinabench.progress import job_summary
     _remove_job_leftovers(job)
+    start = time.perf_counter()
     try:
         fn(job)
     except BaseException:
         _remove_job_leftovers(job)
         raise
+    outputs = []
+    for value in job.output.values():
+        outputs.extend([value] if isinstance(value, (str, Path)) else list(value))
+    # The log's last line (stdout is the job's log inside Snakemake): what was written, how much, how long.
+    print(job_summary(job.rule, job.wildcards, outputs, time.perf_counter() - start), flush=True)
 

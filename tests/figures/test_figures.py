@@ -234,3 +234,63 @@ def test_paper_scale_figures_fit_the_print_targets(tmp_path):
     assert sum(k.startswith("png_part") for k in outputs["lr_transfer"]) == 3  # 34 encoders: 4 pages
     assert {s["path"]: s["problems"] for s in saved if s["problems"]} == {}
     assert all(s["width_mm"] <= 180.5 and s["height_mm"] <= 240.5 for s in saved)
+
+
+def _hlines(ax) -> list[float]:
+    """y of the horizontal full-width reference lines of a panel (axhline: x data from 0 to 1 in axes units)."""
+    out = []
+    for line in ax.lines:
+        x, y = line.get_xdata(), line.get_ydata()
+        if len(y) == 2 and y[0] == y[1] and list(x) == [0, 1]:
+            out.append(float(y[0]))
+    return out
+
+
+def test_lr_transfer_panels_draw_each_tasks_majority_level(study, captured, tmp_path):
+    """Baselines beside the headline numbers: the validation majority-class rate of the sweep task and of the
+    check task is a reference line in every panel, and named in the legend."""
+    from retinabench.stats.baselines import select
+    ctx, tables = study
+    outputs = analysis_outputs(ctx, str(tmp_path))
+    run_family("lr_transfer", tables, AnalysisContext.from_params(ctx.params_for("lr_transfer")),
+               outputs["lr_transfer"])
+    base = select(tables["baselines"], "accuracy", "val", "u-u").set_index("task")["majority"]
+    expected = sorted(100 * base[[ctx.sweep_tasks["sweep"], ctx.sweep_tasks["check"]]].to_numpy())
+    fig = captured[-1]
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+    assert panels
+    for ax in panels:
+        assert sorted(_hlines(ax)) == pytest.approx(expected), ax.get_title()
+    assert "majority class (validation)" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_transfer_and_auroc_subgroup_figures_draw_the_chance_level(monkeypatch, tmp_path):
+    from retinabench.figures import reliability as rel
+    figs = []
+    monkeypatch.setattr(rel, "save", lambda fig, png: figs.append(fig) or [str(png)])
+    monkeypatch.setattr(rel.plt, "close", lambda fig=None: None)
+    encoders = {"e1": {"domain": "natural"}, "e2": {"domain": "cfp"}}
+    rows = []
+    for enc in encoders:
+        for train, target in (("a", "a"), ("b", "a")):
+            rows.append({"source": "transfer", "threshold": "none", "metric": "auroc", "regime": "u-u",
+                         "protocol": "linear", "seed": 0, "encoder": enc, "train_task": train, "task": target,
+                         "value": 0.8, "ci_low": 0.7, "ci_high": 0.9, "n": 40})
+    rel.transfer_bars({"metrics": pd.DataFrame(rows)}, encoders, tmp_path, {"regime": "u-u", "protocol": "linear",
+                                                                             "seed": 0}, groups={"g": ["a"]})
+    assert figs and 0.5 in _hlines(figs[-1].axes[0])
+    assert "chance (AUROC 0.5)" in [t.get_text() for t in figs[-1].legends[0].get_texts()]
+    sub = []
+    for enc in encoders:
+        for group, v in (("female", 0.7), ("male", 0.8)):
+            sub.append({"source": "frozen", "protocol": "linear", "regime": "u-u", "seed": 0, "threshold": "none",
+                        "metric": "auroc", "dataset": "d", "task": "a", "train_task": "a", "encoder": enc,
+                        "attribute": "sex", "group": group, "value": v, "ci_low": v - 0.1, "ci_high": v + 0.1,
+                        "below_min_size": False, "reason": None, "n": 30})
+    sel = {"source": "frozen", "protocol": "linear", "regime": "u-u", "seed": 0, "threshold": "none",
+           "metric": "auroc"}
+    paths, _ = rel.subgroup_scatter({"subgroups": pd.DataFrame(sub)}, encoders, tmp_path, sel)
+    assert paths, "no subgroup scatter drawn"
+    ax = figs[-1].axes[0]
+    assert 0.5 in _hlines(ax)
+    assert any(list(line.get_xdata()) == [0.5, 0.5] for line in ax.lines)  # the vertical chance line

@@ -71,3 +71,21 @@ def test_sizes_wrapping_and_pages():
     assert len(lines) > 1 and all(len(line) <= 88 / (7 * 25.4 / 72 * 0.58) for line in lines)
     assert page_slices(23, 10) == [slice(0, 8), slice(8, 16), slice(16, 23)]
     assert page_slices(0, 10) == []
+
+
+def test_a_legend_over_the_data_is_reported_one_outside_is_not():
+    fig, ax = plt.subplots(figsize=figsize(70, "single"), layout="constrained")
+    ax.plot([0, 1], [0, 1], label="encoder a")
+    ax.plot([0, 1], [1, 0], label="encoder b")
+    ax.legend(loc="upper right", title="encoders")
+    problems = drawn(fig)
+    assert any("legend 'encoders' covers the data area" in p for p in problems), problems
+    ax.get_legend().remove()
+    fig.legend(loc="outside lower center", ncol=2, title="encoders")  # below the panel: fine
+    assert drawn(fig) == []
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=figsize(70, "single"), layout="constrained")
+    ax.plot([0, 1], [0, 1], label="encoder a")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panel: fine
+    assert drawn(fig) == []
+    plt.close(fig)

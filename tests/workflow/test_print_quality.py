@@ -112,3 +112,12 @@ def test_long_jobs_log_progress_and_no_empty_shell_commands(tiny_workflow):
             text = f.read_text()
             assert needle in text and "ETA" in text, (f, text[-500:])
     assert "Shell command: None" not in (tiny_workflow / "run.log").read_text()
+    # every job's log ends with its one-line summary (what was written, how much, how long): none is empty
+    all_logs = sorted(logs.rglob("*.log"))
+    assert len(all_logs) >= 20, all_logs
+    for f in all_logs:
+        lines = f.read_text().strip().splitlines()
+        assert lines and lines[-1].startswith("[done] "), (f, lines[-3:])
+        assert " output(s): " in lines[-1] and lines[-1].endswith(" s)"), (f, lines[-1])
+    split_log = next(logs.glob("split/*.log")).read_text()
+    assert "rows)" in split_log.strip().splitlines()[-1]  # the split job names its rows

@@ -337,6 +337,9 @@ def subgroup_scatter(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> t
             skipped.append(_skip(attr, "no panel: no cell has values in both groups"))
             continue
         ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls=":")
+        if metric.startswith("auroc"):  # the chance level of each group (no group-level majority rate for AUROC)
+            ax.axhline(0.5, zorder=0.5, **BASELINE_STYLE["chance"])
+            ax.axvline(0.5, zorder=0.5, **BASELINE_STYLE["chance"])
         ax.set_xlim(0, 1.02)
         ax.set_ylim(0, 1.02)
         ax.set_aspect("equal", adjustable="box")
@@ -344,6 +347,8 @@ def subgroup_scatter(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> t
         ax.set_ylabel(f"{metric}, {attr} = {gb}")
         handles = [Line2D([], [], marker=markers[d], ls="", color="0.3", label=d) for d in datasets
                    if d in set(sa["dataset"])]
+        if metric.startswith("auroc"):
+            handles.append(Line2D([], [], **BASELINE_STYLE["chance"], label="chance (AUROC 0.5)"))
         handles += style.domain_handles(encoders, sorted(sa["encoder"].unique()))
         fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
         suptitle(fig, f"Subgroup {metric} by {attr} ({_sel_text(sel)}, {sel['threshold']}); a point per task "

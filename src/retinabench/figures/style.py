@@ -143,11 +143,33 @@ def _overlapping(labels, renderer, tolerance_px: float) -> list[tuple[str, str]]
     return out
 
 
+def _legends_over_data(fig, renderer, tolerance_px: float) -> list[str]:
+    """Legends (of the figure or of a panel) whose box covers part of a visible panel's data area."""
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    out = []
+    for legend in legends:
+        if not legend.get_visible():
+            continue
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            if not ax.get_visible() or not ax.axison and not ax.has_data():
+                continue
+            area = ax.bbox
+            dx = min(box.x1, area.x1) - max(box.x0, area.x0)
+            dy = min(box.y1, area.y1) - max(box.y0, area.y0)
+            if dx > tolerance_px and dy > tolerance_px:
+                title = legend.get_title().get_text() or ", ".join(t.get_text() for t in legend.get_texts()[:2])
+                panel = ax.get_title() or ax.get_ylabel() or f"panel {fig.axes.index(ax) + 1}"
+                out.append(f"legend {title[:40]!r} covers the data area of {panel[:40]!r}")
+    return out
+
+
 def layout_problems(fig, *, max_width_mm: float = WIDTH_MM["double"], max_height_mm: float = MAX_HEIGHT_MM,
                     min_font_pt: float = MIN_FONT_PT, tolerance_px: float = 1.0) -> list[str]:
     """What keeps a drawn figure from print quality: a canvas wider or taller than the targets, text below the
     minimum size (after the scaling a too-wide figure would need), text that extends beyond the canvas (a clipped
-    label), or tick labels of one axis that overprint each other. Empty list = fine. Uses the renderer's text
+    label), tick labels of one axis that overprint each other, or a legend over a panel's data area (legends go
+    outside the data). Empty list = fine. Uses the renderer's text
     extents, so it sees exactly what is drawn."""
     problems = []
     w_mm, h_mm = fig.get_figwidth() * MM_PER_INCH, fig.get_figheight() * MM_PER_INCH
@@ -162,6 +184,7 @@ def layout_problems(fig, *, max_width_mm: float = WIDTH_MM["double"], max_height
     texts = _drawn_texts(fig, groups)
     for labels in groups:  # tick labels of one axis must not overprint each other
         problems += [f"tick labels {a!r} and {b!r} overlap" for a, b in _overlapping(labels, renderer, tolerance_px)]
+    problems += _legends_over_data(fig, renderer, tolerance_px)
     for t in texts:
         label = t.get_text().replace("\n", " ")
         label = label if len(label) <= 40 else label[:37] + "..."
