@@ -294,3 +294,16 @@ def test_transfer_and_auroc_subgroup_figures_draw_the_chance_level(monkeypatch, 
     ax = figs[-1].axes[0]
     assert 0.5 in _hlines(ax)
     assert any(list(line.get_xdata()) == [0.5, 0.5] for line in ax.lines)  # the vertical chance line
+
+
+def test_top_k_with_few_encoders_keeps_its_axis_labels_on_the_canvas(tmp_path):
+    """Three narrow panels of two long-named encoders (the demo's shape): no label leaves the canvas."""
+    from retinabench.figures.bars import top_k_panels
+    from retinabench.figures.style import recording
+    enc = {"efficientnet_lite0_in1k": {"domain": "natural"}, "vit_tiny_random": {"domain": "none"}}
+    rows = [{"panel": panel, "encoder": e, "mean_rank": 1.2 + i * 0.6, "sd_rank": 0.4, "position": i + 1,
+             "n_tasks": 3} for panel in ("all", "cfp", "oct") for i, e in enumerate(enc)]
+    with recording() as saved:
+        top_k_panels(pd.DataFrame(rows), enc, tmp_path / "top_k.png", titles={"all": "all tasks"},
+                     title="Top-2 encoders by mean rank")
+    assert saved and saved[0]["problems"] == []
