@@ -22,6 +22,8 @@ include: "workflow/rules/probes.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/reliability.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/saliency.smk"
+include: "workflow/rules/compute.smk"
 
 
 rule all:

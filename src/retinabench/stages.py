@@ -313,11 +313,12 @@ STAGES: dict[str, Callable[[Job], None]] = {
 
 
 def _register_layer_stages() -> None:
-    """Stages of the analysis, fine-tuning and reliability layers live in their own modules."""
+    """Stages of the analysis, fine-tuning, reliability and saliency/compute layers live in their own modules."""
     from retinabench.stages_analysis import ANALYSIS_STAGES
     from retinabench.stages_finetune import FINETUNE_STAGES
     from retinabench.stages_reliability import RELIABILITY_STAGES
-    for layer in (ANALYSIS_STAGES, FINETUNE_STAGES, RELIABILITY_STAGES):
+    from retinabench.stages_saliency_compute import SALIENCY_COMPUTE_STAGES
+    for layer in (ANALYSIS_STAGES, FINETUNE_STAGES, RELIABILITY_STAGES, SALIENCY_COMPUTE_STAGES):
         clash = sorted(set(layer) & set(STAGES))
         if clash:
             raise RuntimeError(f"stages {clash} are defined twice")

@@ -1,7 +1,8 @@
 """Stage entry points of the finetune layer; merged into retinabench.stages.STAGES.
 
 * ``finetune`` — one (encoder, task, protocol, seed): every training regime; predictions, training log, metrics,
-  compute record (time per step, peak memory). Resumes from its checkpoint directory after a kill.
+  compute record (time per step, peak memory); with a ``weights`` output also the trained weights (saliency).
+  Resumes from its checkpoint directory after a kill.
 * ``sweep_stage`` — one stage of the learning-rate sweep for one (encoder, task), looping over the grid.
 * ``sweep_choose`` — the chosen (lr_classifier, lr_encoder) of an encoder, a JSON artifact.
 * ``sweep_sensitivity`` — the per-encoder sensitivity table (optimal vs mean of sub-optimal learning rates).
@@ -69,16 +70,22 @@ def stage_finetune(job: Job) -> None:
     index, split = _load_data(job)
     t0 = time.perf_counter()
     ckpt = job.params["checkpoints"]
+    keep = "weights" in job.output  # the saliency maps need this job's trained model (workflow/rules/saliency.smk)
     out = run_finetune(job.input["array"], index, split, task, entry, protocol=protocol, seed=seed,
-                       regimes=job.params["regimes"], cfg=cfg, ckpt_dir=ckpt, threads=job.threads, log=_log)
+                       regimes=job.params["regimes"], cfg=cfg, ckpt_dir=ckpt, threads=job.threads, log=_log,
+                       keep_weights=keep)
     write_table(out.predictions, job.output["predictions"], "predictions")
     write_table(out.log, job.output["log"], "training_log")
     _write_parquet(out.compute, job.output["compute"])
+    outputs = [job.output["predictions"], job.output["log"], job.output["compute"]]
+    if keep:
+        from retinabench.protocols.finetune import save_weights
+        save_weights(job.output["weights"], out.weights, protocol=protocol, encoder_entry=entry, task=task, seed=seed)
+        outputs.append(job.output["weights"])
     conf = {"task": task, "finetune": p, "regimes": job.params["regimes"], "learning_rates": lrs}
     extra = {"seconds": round(time.perf_counter() - t0, 2), "checkpoints": ckpt,
              "compute": out.compute.to_dict("records")}
-    _sidecars(job, [job.output["predictions"], job.output["log"], job.output["compute"]], config=conf, seed=seed,
-              extra=extra)
+    _sidecars(job, outputs, config=conf, seed=seed, extra=extra)
     metrics = metrics_table(out.predictions, {task["name"]: task})
     write_table(metrics, job.output["metrics"], "metrics")
     _sidecars(job, [job.output["metrics"]], config={"task": task}, inputs=[job.output["predictions"]])

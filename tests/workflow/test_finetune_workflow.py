@@ -1,5 +1,6 @@
 """The fine-tuning layer end to end: a temp copy of the workflow with fine-tuning and the sweep enabled on a tiny
-phantom config (two micro random-init encoders at 32 px), then what a sweep edit reruns."""
+phantom config (two micro random-init encoders at 32 px), then what a sweep edit reruns. The same run serves the
+saliency maps (of its fine-tuned models) and the compute benchmark."""
 import json
 import shutil
 from collections import Counter
@@ -35,6 +36,9 @@ FT_TINY = {
                  "eval_batch_size": 64, "checkpoint_every": 1, "threads": 1},
     "sweep": {"task": "phantom_oct_dme", "sensitivity_task": "phantom_cfp_glaucoma",
               "lr_classifier": [1.0e-3, 1.0e-1], "lr_encoder": [1.0e-4, 1.0e-2]},
+    "saliency": {"enabled": True, "nt_samples": 2, "n_steps": 4, "internal_batch_size": 8, "threads": 1},
+    "compute": {"enabled": True, "threads": 1, "task": "phantom_oct_dme", "inference": {"warmup": 1, "images": 6},
+                "training": {"batch_size": 8, "warmup": 1, "steps": 2, "distinct_batches": 1}},
 }
 R = "results"
 
@@ -42,7 +46,8 @@ R = "results"
 def targets():
     ft = [f"{R}/predictions/{p}/{e}/phantom_oct_dme.parquet" for p in ("finetune", "linear_aug") for e in MICRO]
     return [f"{R}/metrics.parquet", f"{R}/compute/finetune.parquet", f"{R}/sweep/lr_sweep_metrics.parquet",
-            f"{R}/sweep/lr_sensitivity.parquet", *ft]
+            f"{R}/sweep/lr_sensitivity.parquet", *ft, f"{R}/figures/saliency/phantom_oct_dme.png",
+            f"{R}/compute/benchmark.parquet", f"{R}/figures/compute/train_time.png"]
 
 
 def job_counts(stdout: str) -> dict[str, int]:
@@ -132,9 +137,58 @@ def test_editing_one_encoders_sweep_reruns_its_sweep_and_finetuning_only(ft_work
         (f"{R}/sweep/vit_micro_random/{t}", "stage2") for t in ("phantom_oct_dme", "phantom_cfp_glaucoma")}, new
     jobs = dict(jobs - jobs0)
     assert jobs.pop("sweep_finetune") == 2 and jobs.pop("sweep_choose") == 1 and jobs.pop("sweep_sensitivity") == 1
-    assert jobs.pop("finetune") == 2 and jobs.pop("finetune_predictions") == 2  # vit_micro × 2 protocols
+    # vit_micro × 2 protocols (seed 0 of the saliency task: the fine-tuning jobs that keep their weights)
+    assert jobs.pop("finetune_keep_weights") == 2 and jobs.pop("finetune_predictions") == 2
+    assert jobs.pop("saliency") == 1 and jobs.pop("figure_saliency") == 1  # vit_micro's maps alone, then the figure
     assert jobs.pop("sweep_collect") == 1 and jobs.pop("finetune_compute") == 1 and jobs.pop("collect_metrics") == 1
-    assert jobs.pop("total") == 11 and jobs == {}, jobs  # nothing of resnet_micro, no frozen / features job
+    assert jobs.pop("total") == 13 and jobs == {}, jobs  # nothing of resnet_micro, no frozen / features / compute job
+
+
+def test_saliency_maps_of_the_fine_tuned_models_with_provenance(ft_workflow):
+    import numpy as np
+    from retinabench.hashing import sha256_file
+    from retinabench.provenance import read_sidecar
+    from retinabench.saliency import SALIENCY_COLUMNS, read_maps
+    r = ft_workflow / R
+    png = r / "figures/saliency/phantom_oct_dme.png"
+    assert png.stat().st_size > 5_000 and png.with_suffix(".pdf").is_file()
+    ids = {}
+    for enc in MICRO:
+        table = pd.read_parquet(r / f"saliency/{enc}/phantom_oct_dme.parquet")
+        assert list(table.columns) == SALIENCY_COLUMNS
+        assert set(table["protocol"]) == {"finetune", "linear_aug"} and set(table["class"]) == {"no", "yes"}
+        maps = read_maps(r / f"saliency/{enc}/phantom_oct_dme.npz")
+        assert maps["clahe"].shape == (2, 2, 64, 64) and 0 <= maps["clahe"].min() and maps["clahe"].max() <= 1
+        assert np.abs(maps["attribution"]).sum() > 0
+        for row in table.drop_duplicates("protocol").itertuples():
+            weights = ft_workflow / row.weights
+            assert sha256_file(weights) == row.weights_sha256  # the file the maps came from, as recorded
+            assert (weights.parent / (weights.name + ".sha256")).read_text().split()[0] == row.weights_sha256
+        ids[enc] = list(table["image_id"])
+        split = read_table(r / "splits/phantom/phantom_oct_dme.parquet", "split").set_index("image_id")
+        assert (split.loc[table["image_id"], "split"] == "test").all()
+    assert ids[list(MICRO)[0]] == ids[list(MICRO)[1]]  # the same test images in every row of the figure
+    side = read_sidecar(png)
+    assert set(side["extra"]["checkpoint_sha256"]) == {f"{e}/{p}" for e in MICRO for p in ("finetune", "linear_aug")}
+    assert side["extra"]["image_ids"] == sorted(set(ids[list(MICRO)[0]]))
+    job = read_sidecar(r / "saliency/vit_micro_random/phantom_oct_dme.parquet")
+    assert job["config"]["saliency"]["nt_samples"] == 2 and job["extra"]["libraries"]["captum"]
+    assert f"{R}/models/finetune/vit_micro_random/phantom_oct_dme/seed0.pt" in [i["path"] for i in job["inputs"]]
+
+
+def test_compute_benchmark_table_and_figures(ft_workflow):
+    from retinabench.compute import COMPUTE_COLUMNS
+    from retinabench.figures.compute import FIGURES
+    r = ft_workflow / R
+    table = pd.read_parquet(r / "compute/benchmark.parquet")
+    assert list(table.columns) == COMPUTE_COLUMNS
+    assert set(zip(table["encoder"], table["phase"])) == {(e, p) for e in MICRO
+                                                          for p in ("inference", "finetune", "linear_aug")}
+    assert (table["task"] == "phantom_oct_dme").all() and set(table["device"]) == {"cpu"}
+    assert table.set_index("phase").loc["inference", "n_timed"].tolist() == [6, 6]
+    assert (table["seconds_median"] > 0).all() and (table["peak_mem_mb"] > 0).all() and (table["gflops"] > 0).all()
+    for f in FIGURES:
+        assert (r / f"figures/compute/{f}.png").stat().st_size > 5_000 and (r / f"figures/compute/{f}.pdf").is_file()
 
 
 def test_fine_tuning_analyses_use_the_papers_protocols(ft_workflow):

@@ -124,5 +124,7 @@ def all_targets():
     targets += [f"{R}/data/{d}/duplicates.parquet" for d in PLAN.datasets]
     if len(PLAN.datasets) > 1:  # test images of one dataset that duplicate training images of another
         targets.append(f"{R}/data/cross_dataset_duplicates.parquet")
-    # analysis_targets(): analysis.smk; reliability_targets(): reliability.smk; finetune_targets(): finetune.smk
-    return targets + analysis_targets() + reliability_targets() + finetune_targets()
+    # analysis_targets(): analysis.smk; reliability_targets(): reliability.smk; finetune_targets(): finetune.smk;
+    # saliency_targets(): saliency.smk; compute_targets(): compute.smk
+    return (targets + analysis_targets() + reliability_targets() + finetune_targets() + saliency_targets()
+            + compute_targets())

@@ -297,19 +297,25 @@ def _ckpt_files(ckpt_dir: Path) -> list[Path]:
     return sorted(ckpt_dir.glob("epoch*.pt"))
 
 
-def save_checkpoint(ckpt_dir: Path, state: dict) -> Path:
-    """``epochNNNNN.pt`` + ``.sha256`` sidecar, each written to a temporary name and renamed; older ones pruned
-    only after both are in place, so a kill at any moment leaves the previous checkpoint usable."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    path = ckpt_dir / f"epoch{state['epoch']:05d}.pt"
+def _save_verified(path: Path, obj: Any) -> Path:
+    """``torch.save`` to a temporary name, renamed, then a ``.sha256`` sidecar (also written atomically): whoever
+    finds the sidecar finds the complete file it describes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
+    torch.save(obj, tmp)
     digest = sha256_file(tmp)
     tmp.replace(path)
     side = path.with_name(path.name + ".sha256")
     side_tmp = side.with_name(side.name + ".tmp")
     side_tmp.write_text(f"{digest}  {path.name}\n")
     side_tmp.replace(side)
+    return path
+
+
+def save_checkpoint(ckpt_dir: Path, state: dict) -> Path:
+    """``epochNNNNN.pt`` + ``.sha256`` sidecar, each written to a temporary name and renamed; older ones pruned
+    only after both are in place, so a kill at any moment leaves the previous checkpoint usable."""
+    path = _save_verified(ckpt_dir / f"epoch{state['epoch']:05d}.pt", state)
     for old in _ckpt_files(ckpt_dir):
         if old != path:
             old.unlink()
@@ -340,6 +346,97 @@ def load_checkpoint(ckpt_dir: Path, fingerprint: str, log: Callable[[str], None]
             return None
         return state
     return None
+
+
+# -- trained weights (kept for the saliency maps) ----------------------------------------------------------------
+
+WEIGHTS_FORMAT = 1
+WEIGHTS_KIND = "retinabench.finetuned_weights"
+
+
+def module_digest(module: nn.Module) -> str:
+    """sha256 over a module's state dict (names, dtypes, shapes, bytes): identifies a frozen encoder exactly."""
+    h = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def entry_digest(entry: dict) -> str:
+    """Hash of a registry entry without its free-text notes: weights trained from another entry are refused."""
+    return hashlib.sha256(json.dumps({k: v for k, v in entry.items() if k != "notes"}, sort_keys=True,
+                                     default=str).encode()).hexdigest()
+
+
+def save_weights(path: str | os.PathLike, weights: dict, *, protocol: str, encoder_entry: dict, task: dict,
+                 seed: int) -> Path:
+    """The best-validation weights of a job's training regimes (``FinetuneOutput.weights``) as one verified file
+    (``.sha256`` sidecar): everything training changed (the whole model, or only the head of ``linear_aug``) plus
+    what identifies the run, so :func:`load_finetuned` can refuse weights of another encoder, task or entry."""
+    record = {"format": WEIGHTS_FORMAT, "kind": WEIGHTS_KIND, "protocol": protocol, "encoder": encoder_entry["name"],
+              "entry_digest": entry_digest(encoder_entry), "task": task["name"], "classes": list(task["classes"]),
+              "seed": int(seed), **weights}
+    return _save_verified(Path(path), record)
+
+
+def read_weights(path: str | os.PathLike) -> dict:
+    """A weights file after checking it against its sha256 sidecar (a missing or disagreeing sidecar is an error)."""
+    path = Path(path)
+    side = path.with_name(path.name + ".sha256")
+    if not path.is_file():
+        raise CheckpointError(f"weights file {path} does not exist")
+    if not side.is_file():
+        raise CheckpointError(f"weights file {path} has no sha256 sidecar {side.name} (interrupted write?)")
+    expected, actual = side.read_text().split()[0], sha256_file(path)
+    if actual != expected:
+        raise CheckpointError(f"weights file {path} is corrupt: sha256 {actual} but its sidecar says {expected}")
+    record = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(record, dict) or record.get("kind") != WEIGHTS_KIND or record.get("format") != WEIGHTS_FORMAT:
+        raise CheckpointError(f"{path} is not a retinabench weights file of format {WEIGHTS_FORMAT}")
+    record["sha256"] = actual
+    return record
+
+
+def load_finetuned(path: str | os.PathLike, encoder_entry: dict, task: dict, *, protocol: str,
+                   train_regime: str = "u"):
+    """Rebuild the classifier a fine-tuning job trained: ``(model, encoder, record)``.
+
+    The encoder is built from its registry entry through the verified loaders (pretrained sha256, strict keys),
+    then the trained state is loaded strictly: the whole model for ``finetune``, the head for ``linear_aug``,
+    whose rebuilt frozen encoder must hash to the one it was trained on. The model is a non-frozen
+    :class:`Classifier` in eval mode, so gradients reach the input (saliency); ``record`` holds the file's sha256,
+    best epoch and validation loss. Any mismatch (protocol, encoder, registry entry, task, classes) is an error.
+    """
+    from retinabench.models import build_encoder
+    record = read_weights(path)
+    want = {"protocol": protocol, "encoder": encoder_entry["name"], "task": task["name"],
+            "classes": list(task["classes"]), "entry_digest": entry_digest(encoder_entry)}
+    wrong = {k: (record.get(k), v) for k, v in want.items() if record.get(k) != v}
+    if wrong:
+        raise CheckpointError(f"weights file {path} does not belong to this run: " + "; ".join(
+            f"{k} is {got!r}, expected {exp!r}" for k, (got, exp) in wrong.items()))
+    regimes = record["regimes"]
+    if train_regime not in regimes:
+        raise CheckpointError(f"weights file {path} has no training regime {train_regime!r} (it has "
+                              f"{sorted(regimes)})")
+    encoder = build_encoder(encoder_entry)
+    if protocol == "linear_aug" and module_digest(encoder.module) != record["frozen_encoder_sha256"]:
+        raise CheckpointError(f"weights file {path}: the encoder {encoder_entry['name']!r} built now differs from "
+                              "the frozen encoder its head was trained on (weights or loader changed)")
+    model = Classifier(encoder.module, encoder.embed_dim, len(task["classes"]), frozen=False)
+    state = regimes[train_regime]["state"]
+    target = model.head if protocol == "linear_aug" else model
+    try:
+        target.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"weights file {path}: {err}") from err
+    model.eval()
+    info = {"path": str(path), "sha256": record["sha256"], "train_regime": train_regime, "seed": record["seed"],
+            "best_epoch": regimes[train_regime]["best_epoch"],
+            "best_val_loss": regimes[train_regime]["best_val_loss"], "encoder_weights": record["encoder_weights"]}
+    return model, encoder, info
 
 
 # -- one run --------------------------------------------------------------------------------------------------
@@ -499,17 +596,20 @@ class FinetuneOutput:
     predictions: pd.DataFrame
     log: pd.DataFrame
     compute: pd.DataFrame
+    weights: dict = field(default_factory=dict)  # with keep_weights: what save_weights stores
 
 
 def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.DataFrame, task: dict,
                  encoder_entry: dict, *, protocol: str, seed: int, regimes: list[str], cfg: TrainConfig,
                  ckpt_dir: str | os.PathLike | None = None, threads: int = 1, encoder=None,
                  on_epoch_end: Callable[[str, int], None] | None = None,
-                 log: Callable[[str], None] = print) -> FinetuneOutput:
+                 log: Callable[[str], None] = print, keep_weights: bool = False) -> FinetuneOutput:
     """Train ``protocol`` with ``seed`` once per training regime of ``regimes``; predict val and test sets.
 
     Regime ``a-b`` as for the frozen protocols: ``a`` = training (and validation) data, u: all / b: the balanced
     rows; ``b`` = test data. ``encoder``: an already built Encoder (else built from ``encoder_entry``).
+    ``keep_weights``: also return each training regime's best weights (``FinetuneOutput.weights``, for
+    :func:`save_weights`).
     """
     from retinabench.models import build_encoder
     if protocol not in FINETUNE_PROTOCOLS:
@@ -522,7 +622,7 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
     id_to_row = dict(zip(index["image_id"], index["row"].astype(np.int64)))
     st = Path(array_path).stat()  # a rebuilt cache (same name and size, new content) gets a new mtime
     cache_id = {"array": Path(array_path).name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-    preds, logs, computes = [], [], []
+    preds, logs, computes, kept = [], [], [], {}
     for train_regime in sorted({r.split("-")[0] for r in regimes}):
         bal = train_regime == "b"
         tr, tr_idx = _rows(split, id_to_row, "train", bal)
@@ -539,6 +639,9 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
         res = fit(trainer, train_ds, val_ds, ckpt_dir=Path(ckpt_dir) / train_regime if ckpt_dir else None,
                   fingerprint=fp, threads=threads, on_epoch_end=hook, log=log)
         workers, pin = res.compute["num_workers"], trainer.device.type == "cuda"
+        if keep_weights:
+            kept[train_regime] = {"state": trainer.trainable_state(), "best_epoch": res.best_epoch,
+                                  "best_val_loss": res.best_val_loss}
 
         def proba(rows_idx, labels):
             ds = CachedImageDataset(array_path, rows_idx, labels)
@@ -564,5 +667,9 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
                                                  seed=seed, train_regime=train_regime))
         computes.append({"encoder": encoder_entry["name"], "task": task["name"], "protocol": protocol, "seed": seed,
                          "train_regime": train_regime, "n_train": len(tr), "n_val": len(va), **res.compute})
+    weights = {}
+    if keep_weights:
+        weights = {"regimes": kept, "embed_dim": encoder.embed_dim, "encoder_weights": dict(encoder.weights),
+                   "frozen_encoder_sha256": module_digest(encoder.module) if protocol == "linear_aug" else None}
     return FinetuneOutput(pd.concat(preds, ignore_index=True), pd.concat(logs, ignore_index=True),
-                          pd.DataFrame(computes))
+                          pd.DataFrame(computes), weights)
