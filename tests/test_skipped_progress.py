@@ -108,3 +108,16 @@ def test_run_stage_ends_the_log_with_the_summary(tmp_path, capsys):
         del stages.STAGES["_test_summary"]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("[done] demo (dataset=d): wrote 1 output(s): ") and "o.parquet (2 rows)" in last
+
+
+def test_opt_in_layers_left_off_are_listed_with_how_to_turn_them_on():
+    rows = skipped.optional_layers({"saliency": {"enabled": False}, "compute": {"enabled": False}})
+    assert [r["output"] for r in rows] == ["saliency", "compute"]
+    assert all(r["section"] == skipped.SALIENCY_COMPUTE for r in rows)
+    assert "saliency.enabled: true" in rows[0]["reason"] and "compute.enabled: true" in rows[1]["reason"]
+    assert skipped.optional_layers({"saliency": {"enabled": True}, "compute": {"enabled": True}}) == []
+    table = skipped.collect(rows + [skipped.record("cd_diagram", "needs >= 3 encoders")], {},
+                            produced=["rank_distribution"])
+    assert table["output"].iloc[0] == "cd_diagram"  # report sections first, then the opt-in layers
+    assert table[table["output"].isin(["saliency", "compute"])].index.min() > table[
+        table["section"] == skipped.RELIABILITY].index.max()

@@ -26,6 +26,8 @@ COLUMNS = ["section", "output", "part", "reason", "n", "source"]
 RANKING, PROTOCOLS, SUBSETS, LEAKAGE, FAIRNESS, SENSITIVITY, RELIABILITY = (
     "1. Ranking", "2. Protocols", "3. Subsets", "4. Leakage", "5. Fairness", "6. Sensitivity", "7. Reliability")
 SKIPPED_SECTION = "0. Skipped analyses"
+# Opt-in layers whose figures are files, not report sections (workflow/rules/saliency.smk, compute.smk).
+SALIENCY_COMPUTE = "8. Saliency and compute"
 # Report section of every figure and report table (workflow/rules/*.smk use it for the report's categories).
 SECTIONS: dict[str, str] = {
     "rank_distribution": RANKING, "cd_diagram": RANKING, "ranking_table": RANKING, "appendix_table": RANKING,
@@ -37,7 +39,7 @@ SECTIONS: dict[str, str] = {
     "subgroup_accuracy": FAIRNESS, "fairness_gaps": FAIRNESS, "subgroup_scatter": FAIRNESS,
     "lr_sensitivity": SENSITIVITY, "srd_lr": SENSITIVITY, "lr_transfer": SENSITIVITY,
     "reliability_diagrams": RELIABILITY, "transfer": RELIABILITY,
-    "skipped_analyses": SKIPPED_SECTION,
+    "skipped_analyses": SKIPPED_SECTION, "saliency": SALIENCY_COMPUTE, "compute": SALIENCY_COMPUTE,
 }
 SECTION_ORDER = [RANKING, PROTOCOLS, SUBSETS, LEAKAGE, FAIRNESS, SENSITIVITY, RELIABILITY]
 
@@ -47,6 +49,19 @@ def record(output: str, reason: str, *, part: str = "all", n: int | None = None,
     """One row of the skipped table (``section`` defaults to the output's report section)."""
     return {"section": section or SECTIONS.get(output, ""), "output": output, "part": part, "reason": reason,
             "n": n, "source": source}
+
+
+def optional_layers(config: dict) -> list[dict]:
+    """Rows for the opt-in layers a config leaves off (saliency maps, the compute benchmark), so that the table
+    says they were not produced and how to turn them on."""
+    rows = []
+    if not (config.get("saliency") or {}).get("enabled"):
+        rows.append(record("saliency", "saliency maps are opt-in: set saliency.enabled: true (needs "
+                                       "finetune.enabled: they explain the fine-tuned models)"))
+    if not (config.get("compute") or {}).get("enabled"):
+        rows.append(record("compute", "the compute benchmark is opt-in: set compute.enabled: true (its timings "
+                                      "and memory belong to the device the jobs run on)"))
+    return rows
 
 
 def frame(rows) -> pd.DataFrame:
@@ -115,7 +130,7 @@ def collect(planned: list[dict], figure_tables: dict[str, str], *, coverage: str
             rows.append(record("(whole section)", "no figure or table of this section was produced (rows above)",
                                section=section))
     df = frame(rows)
-    order = {s: i for i, s in enumerate([*SECTION_ORDER, SKIPPED_SECTION, ""])}
+    order = {s: i for i, s in enumerate([*SECTION_ORDER, SALIENCY_COMPUTE, SKIPPED_SECTION, ""])}
     df = df.assign(_s=df["section"].map(lambda s: order.get(s, len(order)))).sort_values(
         ["_s", "output", "part"], kind="stable").drop(columns="_s").reset_index(drop=True)
     return df

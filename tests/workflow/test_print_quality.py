@@ -91,6 +91,7 @@ def test_the_skipped_table_says_what_was_not_produced_and_why(tiny_workflow):
     assert "3 encoders" in by_output["spearman_protocols"]
     assert "finetune" in by_output["ft_lp_gap"]
     assert "second dataset" in by_output["transfer"]
+    assert "saliency.enabled: true" in by_output["saliency"] and "compute.enabled" in by_output["compute"]
     assert set(table.loc[table["output"] == "(whole section)", "section"]) >= {"6. Sensitivity"}
     assert (table["reason"].str.len() > 0).all()
     stderr = (tiny_workflow / "run.log").read_text()

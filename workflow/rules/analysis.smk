@@ -152,7 +152,7 @@ rule skipped_analyses:
     params:
         stage="skipped_analyses",
         code=code_hash("skipped.py", "stages_analysis.py"),
-        planned=ANALYSIS_SKIPPED + RELIABILITY_SKIPPED,
+        planned=ANALYSIS_SKIPPED + RELIABILITY_SKIPPED + SKIP.optional_layers(config),
         figure_tables={f: f"{R}/figures/reliability/{f}/skipped.csv" for f in REL_FIGURE_NAMES},
         produced=_produced_outputs(),
     log:
