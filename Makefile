@@ -2,11 +2,12 @@
 # make test: set up .venv and run the test suite (what CI runs).
 # make report: the HTML report of the finished default run (results/report.html), then opened in headless Chromium
 #   to check that every section renders its figures (needs the Debian packages chromium and chromium-driver).
+# make lint: ruff, snakefmt --check, envs/ against requirements.lock, snakemake --lint (CI runs it before the tests).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean report
+.PHONY: demo test lint install bench clean report
 
 install: $(STAMP)
 
@@ -27,6 +28,12 @@ report: $(STAMP)
 
 test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -ra
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench workflow envs
+	$(VENV)/bin/snakefmt --check workflow Snakefile
+	$(PY) envs/sync.py --check
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/snakemake --lint
 
 bench: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) bench/run_all.py

@@ -27,12 +27,12 @@ include: "workflow/rules/compute.smk"
 
 
 rule all:
-    input:
-        all_targets(),
     default_target: True
+    input:
+        P.all_targets(),
 
 
-apply_site_resources()  # workflow/rules/resources.smk: Slurm partition / GPU request of every rule (docs/slurm.md)
+apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)
 
 
 onsuccess:
@@ -41,4 +41,4 @@ onsuccess:
     import sys
     from retinabench.skipped import print_table
 
-    print_table(SKIPPED_TABLE, file=sys.stderr)
+    print_table(P.analysis.skipped_table, file=sys.stderr)

@@ -23,7 +23,9 @@ def main() -> int:
     args = ap.parse_args()
 
     t_start = time.perf_counter()
-    from retinabench.stages_analysis import (AnalysisContext, ANALYSIS_DEFAULTS, analysis_outputs, run_family)
+    from retinabench.analysis import AnalysisContext, analysis_outputs
+    from retinabench.analysis.families import run_family
+    from retinabench.settings import ANALYSIS_DEFAULTS
     from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
                                              synthetic_subgroups, synthetic_sweep)
     t_import = time.perf_counter() - t_start

@@ -15,7 +15,6 @@ import copy
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from common import make_cache, set_threads, timed

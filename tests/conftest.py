@@ -65,7 +65,7 @@ def manifest_job(root: Path, results: Path, entry: dict | None = None, dataset: 
     """The manifest rule's job for a dataset entry (as workflow/rules/data.smk builds it)."""
     entry = {"name": dataset, "adapter": "tvhl", "root": dataset, "index_files": ["EYE FUNDUS.csv", "OCT.csv"],
              "modalities": ["cfp", "oct"], "web_exposure_risk": "high", **(entry or {})}
-    from retinabench.stages import Job
+    from retinabench.pipeline import Job
     d = results / "data" / dataset
     return Job(rule="manifest", input={"index": [str(root / f) for f in entry["index_files"]]},
                output={"manifest": str(d / "manifest.parquet"), "exclusions": str(d / "exclusions.parquet"),

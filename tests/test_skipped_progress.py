@@ -1,11 +1,12 @@
-"""The skipped-analyses table (retinabench.skipped) and progress lines (retinabench.progress)."""
+"""The skipped-analyses table (retinabench.skipped), progress lines (retinabench.progress) and the [done] line
+run_stage ends every job's log with (retinabench.pipeline.job)."""
 import io
 
 import pandas as pd
 
 from retinabench import skipped
 from retinabench.progress import Progress, progress
-from retinabench.stages_analysis import AnalysisContext, analysis_outputs
+from retinabench.analysis import AnalysisContext, analysis_outputs
 
 
 def test_planning_records_every_figure_it_leaves_out():
@@ -72,7 +73,7 @@ def test_progress_prints_counts_eta_and_a_last_line():
 def test_a_job_summary_names_rows_pixels_files_and_time(tmp_path):
     from PIL import Image
 
-    from retinabench.progress import SUMMARY_PREFIX, describe_output, job_summary
+    from retinabench.pipeline.job import SUMMARY_PREFIX, describe_output, job_summary
     pd.DataFrame({"a": range(7)}).to_parquet(tmp_path / "t.parquet")
     pd.DataFrame({"a": range(3)}).to_csv(tmp_path / "t.csv", index=False)
     Image.new("RGB", (40, 30)).save(tmp_path / "f.png")
@@ -94,18 +95,17 @@ def test_a_job_summary_names_rows_pixels_files_and_time(tmp_path):
 
 
 def test_run_stage_ends_the_log_with_the_summary(tmp_path, capsys):
-    from retinabench import stages
-    from retinabench.stages import Job, run_stage
+    from retinabench.pipeline import STAGES, Job, run_stage
 
     def stage(job):
         pd.DataFrame({"x": [1, 2]}).to_parquet(job.output["table"])
         print("working")
-    stages.STAGES["_test_summary"] = stage
+    STAGES.add("_test_summary", stage)
     try:
         run_stage("_test_summary", Job(rule="demo", input={}, output={"table": str(tmp_path / "o.parquet")},
                                        wildcards={"dataset": "d"}))
     finally:
-        del stages.STAGES["_test_summary"]
+        del STAGES._stages["_test_summary"]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("[done] demo (dataset=d): wrote 1 output(s): ") and "o.parquet (2 rows)" in last
 

@@ -77,7 +77,7 @@ def write_sidecar(artifact: str | os.PathLike, *, rule: str, inputs: Iterable[st
         "seed": seed,
         "code": code_state(),
         "packages": package_versions(),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "argv": sys.argv[:1],
         "extra": extra or {},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ class RegistryError(ValueError):
     pass
 
 
-@lru_cache(maxsize=None)
+@cache
 def _schema(kind: str) -> dict:
     text = resources.files("retinabench").joinpath("schemas_json", f"{kind}.schema.json").read_text()
     return json.loads(text)
@@ -109,7 +109,7 @@ class Registries:
         attach_locks(self.encoders, read_lock(self.encoders_lock_path))
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "Registries":
+    def from_config(cls, config: dict[str, Any]) -> Registries:
         reg = config["registries"]
         return cls(reg["datasets"], reg["tasks"], reg["encoders"])
 

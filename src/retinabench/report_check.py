@@ -128,7 +128,8 @@ def check_report(html: str | Path, *, screenshots: str | Path | None = None, tim
                                           "subcategory: arguments[1]});", section, sub)
                     try:
                         WebDriverWait(driver, min(timeout, 15.0)).until(
-                            lambda d: _all_listed(d.find_element("id", "app").text, [results[p] for p in paths]))
+                            lambda d, paths=paths: _all_listed(d.find_element("id", "app").text,
+                                                             [results[p] for p in paths]))
                     except TimeoutException:
                         text = driver.find_element("id", "app").text
                         missing = [p for p in paths if not _all_listed(text, [results[p]])]
@@ -140,7 +141,7 @@ def check_report(html: str | Path, *, screenshots: str | Path | None = None, tim
                             continue
                         driver.execute_script(_SHOW, path)
                         try:
-                            shown = WebDriverWait(driver, timeout).until(lambda d: d.execute_script(_IMAGE, path))
+                            shown = WebDriverWait(driver, timeout).until(lambda d, path=path: d.execute_script(_IMAGE, path))
                         except TimeoutException:
                             shown = None
                         if not shown or not shown[2] or shown[0] <= 0:

@@ -5,7 +5,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from retinabench.registry import Registries, RegistryError
@@ -49,7 +49,7 @@ def plan(config: dict) -> Plan:
                 registries=reg, datasets=datasets, tasks=tasks, encoders=encoders)
 
 
-@lru_cache(maxsize=None)
+@cache
 def package_code_hash(*parts: str) -> str:
     """Short sha256 over the source files of package parts (``"protocols"``, ``"data/splits.py"``, ...)."""
     root = Path(__file__).resolve().parent
@@ -120,22 +120,6 @@ def module_closure(*modules: str) -> list[Path]:
         seen[name] = path
         todo.extend(_imports(path, name))
     return sorted(set(seen.values()))
-
-
-@lru_cache(maxsize=None)
-def manifest_code_hash(adapter: str) -> str:
-    """Code hash of one dataset's manifest job: its adapter module and what it imports (shared helpers), plus
-    the manifest stage's own helpers. Adding or editing another adapter does not change it."""
-    from retinabench.data.adapters import ADAPTERS
-    if adapter not in ADAPTERS:
-        raise RegistryError(f"no adapter {adapter!r}; known adapters: {sorted(ADAPTERS)}")
-    files = module_closure(ADAPTERS[adapter].__module__, "retinabench.data.image_checks",
-                           "retinabench.data.subsample", "retinabench.data.raw_state")
-    h = hashlib.sha256()
-    for f in files:
-        h.update(str(f.relative_to(_PACKAGE_ROOT)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 class ConfigError(ValueError):

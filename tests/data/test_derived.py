@@ -3,8 +3,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from retinabench.data.adapters import phantom as phantom_adapter
-from retinabench.data.adapters import tvhl as tvhl_adapter
 from retinabench.data.derived import (DeriveError, apply_derive, derive_map, harmonised_groups, transfer_groups,
                                       unsupported_harmonised)
 from retinabench.data.splits import make_split, task_rows

@@ -70,7 +70,7 @@ def fundus_like(seed, size=256):
     img = np.zeros((size, size, 3))
     disc = ((xx - rng.uniform(.3, .7)) ** 2 + (yy - rng.uniform(.3, .7)) ** 2) < 0.01
     field = ((xx - .5) ** 2 + (yy - .5) ** 2) < 0.2
-    for k in range(25):  # vessels
+    for _k in range(25):  # vessels
         x0, y0, ang = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0, np.pi)
         dist = np.abs((xx - x0) * np.sin(ang) - (yy - y0) * np.cos(ang))
         img[dist < 0.004] += [0.3, 0.05, 0.0]

@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
@@ -15,7 +13,7 @@ from retinabench.data.image_checks import CorruptImageError
 from retinabench.data.raw_state import RawState
 from retinabench.provenance import format_chain, read_sidecar
 from retinabench.schemas import read_table
-from retinabench.stages import run_stage
+from retinabench.pipeline import run_stage
 
 pytestmark = pytest.mark.shared
 REPO = Path(__file__).resolve().parents[2]
@@ -177,7 +175,7 @@ def test_stage_chain_duplicates_split_task_views_and_cross_dataset_pairs(tvhl_co
                                                                          registries):
     """manifest -> duplicates -> one dataset split -> task views, for two datasets holding the same images."""
     import shutil
-    from retinabench.stages import Job
+    from retinabench.pipeline import Job
     from retinabench.workflow_plan import dataset_tasks
     other = tmp_path / "data" / "tvhl2"
     shutil.copytree(tvhl_copy, other)

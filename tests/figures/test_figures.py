@@ -6,11 +6,13 @@ import pandas as pd
 import pytest
 
 from retinabench.schemas import write_table
-from retinabench.stages import Job, run_stage
-from retinabench.stages_analysis import (ANALYSIS_DEFAULTS, AnalysisContext, FAMILIES, analysis_outputs,
-                                         family_inputs, run_family)
-from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries, synthetic_subgroups,
-                                        synthetic_sweep)
+from retinabench.analysis import FAMILIES, AnalysisContext, analysis_outputs, family_inputs
+from retinabench.analysis.families import run_family
+from retinabench.analysis.plan import FAMILY_RULES
+from retinabench.pipeline import Job, run_stage
+from retinabench.settings import ANALYSIS_DEFAULTS
+from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
+                                         synthetic_subgroups, synthetic_sweep)
 
 PROTOCOLS = ["knn", "linear", "linear_aug", "finetune"]
 
@@ -53,8 +55,8 @@ def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
     assert len(saved) == sum(k.startswith("png") for out in outputs.values() for k in out)
     assert {s["path"]: s["problems"] for s in saved if s["problems"]} == {}
     assert all(s["width_mm"] <= 180.5 and s["height_mm"] <= 240.5 for s in saved)
-    for family, out in outputs.items():
-        for key, path in out.items():
+    for _family, out in outputs.items():
+        for _key, path in out.items():
             data = Path(path).read_bytes()
             if path.endswith(".png"):
                 assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, path
@@ -116,7 +118,7 @@ def test_stage_writes_sidecars_chaining_to_the_metrics_table(study, tmp_path):
     for family in ("ranks", "cd"):
         job = Job(rule=family, input=family_inputs(family, str(results), ctx), output=outputs[family],
                   params={"code": "abc", **ctx.params_for(family)})
-        run_stage(f"analysis_{family}", job)
+        run_stage(FAMILY_RULES[family][0], job)
     side = json.loads(Path(outputs["cd"]["png"] + ".prov.json").read_text())
     assert side["rule"] == "cd" and side["inputs"][0]["path"] == outputs["ranks"]["ranks"]
     assert side["config"]["settings"]["alpha"] == 0.05 and side["config"]["code"] == "abc"

@@ -15,7 +15,7 @@ TASK = {"name": "t", "classes": ["none", "npdr", "pdr"]}
 def saliency_result(enc, image_ids, protocols=("finetune", "linear_aug"), size=32):
     rng = np.random.default_rng(len(enc))
     rows = []
-    for p, protocol in enumerate(protocols):
+    for _p, protocol in enumerate(protocols):
         for k, (c, i) in enumerate(image_ids):
             rows.append({**{col: None for col in SALIENCY_COLUMNS}, "encoder": enc, "task": "t", "protocol": protocol,
                          "class_index": c, "class": TASK["classes"][c], "image_id": i, "y_true": c, "y_pred": c,

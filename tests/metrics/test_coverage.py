@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from retinabench.metrics.coverage import Coverage, label_exclusions
-from retinabench.stages_reliability import harmonised_coverage, reliability_settings
+from retinabench.reliability import harmonised_coverage
+from retinabench.settings import reliability_settings
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
 

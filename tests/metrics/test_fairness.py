@@ -5,7 +5,7 @@ import pytest
 from sklearn import metrics as skm
 
 from retinabench.metrics.fairness import Attribute, assign_groups, gap_score, shift_scores, subgroup_analysis
-from retinabench.stats.bootstrap import make_rng
+from retinabench.metrics.weighted import make_rng
 
 SEX = Attribute(name="sex", column="sex", groups=("female", "male"), min_group_size=10)
 
@@ -93,7 +93,7 @@ def phantom_like(n_patients=240, effect=0.0, seed=0):
         sex = "female" if rng.random() < 0.5 else "male"
         age = float(rng.integers(40, 86))
         u = rng.normal(0, 0.6)
-        for k in range(int(rng.integers(1, 5))):
+        for _k in range(int(rng.integers(1, 5))):
             y = int(rng.random() < 0.4)
             signal = 2.5 - (effect if sex == "male" else 0.0)
             z = signal * (2 * y - 1) + u + rng.normal(0, 1.0)

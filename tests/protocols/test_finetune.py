@@ -1,5 +1,4 @@
 """Fine-tuning / augmented linear probe trainer on CPU with micro random-init models and tiny image caches."""
-import os
 import signal
 import subprocess
 import sys
@@ -323,7 +322,7 @@ def test_stage_writes_outputs_sidecars_and_records_the_chosen_lr(data, tmp_path)
     import json
     from retinabench.provenance import read_sidecar
     from retinabench.schemas import write_table
-    from retinabench.stages import Job, run_stage
+    from retinabench.pipeline import Job, run_stage
     arr, index, split = data
     write_table(index, tmp_path / "index.parquet", "image_index")
     write_table(split, tmp_path / "split.parquet", "split")

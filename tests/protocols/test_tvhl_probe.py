@@ -1,6 +1,5 @@
 """A real probe run on TVHL: image cache -> EfficientNet-Lite0 features -> split -> frozen protocols -> metrics."""
 import numpy as np
-import pandas as pd
 import pytest
 
 from retinabench.data.image_cache import build_image_cache

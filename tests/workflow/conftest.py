@@ -1,4 +1,5 @@
-"""A tiny copy of the workflow (phantom data, two offline encoders) run once per test session."""
+"""A tiny copy of the workflow (.test/config/config.yaml: phantom data, two offline encoders) run once per test
+session."""
 import os
 import shutil
 import subprocess
@@ -11,19 +12,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-TINY = {
-    "datasets": ["phantom"],
-    "phantom": {"n_patients": 60, "seed": 0, "image_size": 256},
-    "encoders": ["efficientnet_lite0_in1k", "vit_tiny_random"],
-    "seeds": [0, 1],
-    "linear": {"epochs": 8, "steps_per_epoch": 10, "batch_size": 64, "lr": 0.001, "weight_decay": 0.0001,
-               "warmup_frac": 0.1},
-}
+# The CI's workflow config (.test/config/config.yaml): phantom data, two offline encoders, two seeds.
+TINY = yaml.safe_load((REPO / ".test" / "config" / "config.yaml").read_text())
 
 
 def copy_workflow(dest: Path, overrides: dict) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    for item in ("Snakefile", "workflow", "config", "profiles"):
+    for item in ("Snakefile", "workflow", "config", "profiles", "envs"):
         src = REPO / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / item)
     (dest / "config" / "tiny.yaml").write_text(yaml.safe_dump(overrides))
@@ -77,9 +72,9 @@ def render_run_figures(workdir: Path, dest: Path, *, families=None, reliability=
     from retinabench.data.derived import transfer_groups
     from retinabench.figures.reliability import FIGURES
     from retinabench.figures.style import recording
-    from retinabench.stages_analysis import (AnalysisContext, analysis_outputs, family_inputs, read_input,
-                                             run_family)
-    from retinabench.stages_reliability import reliability_settings
+    from retinabench.analysis import AnalysisContext, analysis_outputs, family_inputs
+    from retinabench.analysis.families import read_input, run_family
+    from retinabench.settings import reliability_settings
     from retinabench.workflow_plan import plan
     config = run_config(workdir)
     p = plan(config)

@@ -1,7 +1,6 @@
 """What a researcher looks at, on the session's tiny workflow run (tests/workflow/conftest.py): figures at print
 size with no clipped text, baselines beside the headline numbers, the skipped-analyses table, progress in the
 job logs. The other runs' figure types (transfer, fine-tuning) are checked in their own modules."""
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -48,7 +47,7 @@ def test_the_runs_figures_are_page_sized_files(tiny_workflow):
 
 def test_reliability_diagrams_keep_the_ece_out_of_the_data(tiny_workflow, monkeypatch, tmp_path):
     from retinabench.figures import reliability as rel
-    from retinabench.stages_reliability import reliability_settings
+    from retinabench.settings import reliability_settings
     figs = []
     monkeypatch.setattr(rel, "save", lambda fig, png: figs.append(fig) or [str(png)])
     monkeypatch.setattr(rel.plt, "close", lambda fig=None: None)

@@ -43,7 +43,7 @@ def _run(workdir, *args):
 def run(tmp_path_factory):
     work = tmp_path_factory.mktemp("rel") / "repo"
     work.mkdir()
-    for item in ("Snakefile", "workflow", "config", "profiles"):
+    for item in ("Snakefile", "workflow", "config", "profiles", "envs"):
         src = REPO / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
     (work / "config" / "tiny.yaml").write_text(yaml.safe_dump(TINY))

@@ -75,7 +75,7 @@ SLURM_RULES = {"features", "frozen", "finetune"}  # what the cluster runs: the t
 def workflow_copy(dest: Path) -> Path:
     """Snakefile, workflow/, config/, profiles/ and the root `slurm` link, plus the tiny config."""
     dest.mkdir(parents=True)
-    for item in ("Snakefile", "workflow", "config", "profiles"):
+    for item in ("Snakefile", "workflow", "config", "profiles", "envs"):
         src = REPO / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / item)
     shutil.copy(REPO / "slurm", dest / "slurm", follow_symlinks=False)

@@ -1,46 +1,42 @@
 # Data stage: raw layout -> manifest + exclusions + decode pass -> duplicate clusters -> one split per dataset ->
-# per-task views of it; image cache; duplicates across datasets.
-
-
-GENERATED_ROOTS = {d["root"]: name for name, d in REG.datasets.items() if d.get("generated")}
+# per-task views of it; image cache; duplicates across datasets (retinabench.pipeline.data, retinabench.data).
 
 
 rule phantom:
     output:
-        metadata=os.path.join(PLAN.data_root, "{generated_root}", "metadata.csv"),
-    params:
-        stage="phantom",
-        code=code_hash("data/phantom.py"),
-        # The config's phantom settings, overridden per dataset by its registry `options`.
-        phantom=lambda wc: {**PHANTOM_DEFAULTS, **config.get("phantom", {}),
-                            **REG.dataset(GENERATED_ROOTS[wc.generated_root]).get("options", {})},
-    wildcard_constraints:
-        generated_root="|".join(map(re.escape, GENERATED_ROOTS)) or "(?!)",
+        metadata=P.phantom_metadata,
     log:
         f"{R}/logs/phantom/{{generated_root}}.log",
+    wildcard_constraints:
+        generated_root=P.alternatives_of(P.generated_roots),
+    conda:
+        CORE_ENV
+    params:
+        code=P.code("phantom"),
+        phantom=P.phantom_settings,
     script:
         STAGE
 
 
 rule manifest:
     input:
-        index=lambda wc: [os.path.join(PLAN.dataset_root(wc.dataset), f)
-                          for f in REG.dataset(wc.dataset)["index_files"]],
-        fingerprint=lambda wc: raw_fingerprint(wc.dataset),
+        index=lambda wc: P.index_files(wc.dataset),
+        fingerprint=lambda wc: P.raw_fingerprint(wc.dataset, main_process=workflow.is_main_process),
     output:
         manifest=f"{R}/data/{{dataset}}/manifest.parquet",
         exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
         hashes=f"{R}/data/{{dataset}}/image_hashes.parquet",
         raw_files=f"{R}/data/{{dataset}}/raw_files.parquet",
-    params:
-        stage="manifest",
-        # Only this dataset's adapter and the helpers it imports: adding or editing another adapter reruns nothing.
-        code=lambda wc: manifest_code_hash(REG.dataset(wc.dataset)["adapter"]),
-        dataset=lambda wc: REG.dataset(wc.dataset),
-        root=lambda wc: PLAN.dataset_root(wc.dataset),
-    threads: 8
     log:
         f"{R}/logs/manifest/{{dataset}}.log",
+    conda:
+        CORE_ENV
+    threads: 8
+    params:
+        # Only this dataset's adapter and the helpers it imports: adding or editing another adapter reruns nothing.
+        code=P.manifest_code,
+        dataset=lambda wc: REG.dataset(wc.dataset),
+        root=lambda wc: P.selection.dataset_root(wc.dataset),
     script:
         STAGE
 
@@ -51,12 +47,13 @@ rule duplicates:
         hashes=f"{R}/data/{{dataset}}/image_hashes.parquet",
     output:
         duplicates=f"{R}/data/{{dataset}}/duplicates.parquet",
-    params:
-        stage="duplicates",
-        code=code_hash("data/duplicates.py"),
-        duplicates=config["duplicates"],
     log:
         f"{R}/logs/duplicates/{{dataset}}.log",
+    conda:
+        CORE_ENV
+    params:
+        code=P.code("duplicates"),
+        duplicates=config["duplicates"],
     script:
         STAGE
 
@@ -67,14 +64,15 @@ rule split:
         duplicates=f"{R}/data/{{dataset}}/duplicates.parquet",
     output:
         split=f"{R}/splits/{{dataset}}.parquet",
-    params:
-        stage="split",
-        code=code_hash("data/splits.py", "data/derived.py"),
-        split=config["split"],
-        # every registry task of the dataset (not only the selected ones): one assignment whatever a config selects
-        tasks=lambda wc: dataset_tasks(REG, wc.dataset),
     log:
         f"{R}/logs/split/{{dataset}}.log",
+    conda:
+        CORE_ENV
+    params:
+        code=P.code("split"),
+        split=config["split"],
+        # every registry task of the dataset (not only the selected ones): one assignment whatever a config selects
+        tasks=lambda wc: P.dataset_tasks(wc.dataset),
     script:
         STAGE
 
@@ -86,30 +84,32 @@ rule task_split:
         assignment=f"{R}/splits/{{dataset}}.parquet",
     output:
         split=f"{R}/splits/{{dataset}}/{{task}}.parquet",
-    params:
-        stage="task_split",
-        code=code_hash("data/splits.py", "data/derived.py"),
-        task=lambda wc: REG.task(wc.task),
-        seed=config["split"]["seed"],
     log:
         f"{R}/logs/split/{{dataset}}/{{task}}.log",
+    conda:
+        CORE_ENV
+    params:
+        code=P.code("task_split"),
+        task=lambda wc: REG.task(wc.task),
+        seed=config["split"]["seed"],
     script:
         STAGE
 
 
 rule cross_duplicates:
     input:
-        hashes=[f"{R}/data/{d}/image_hashes.parquet" for d in PLAN.datasets],
-        splits=[f"{R}/splits/{d}.parquet" for d in PLAN.datasets],
+        hashes=[P.data(d, "image_hashes.parquet") for d in P.datasets],
+        splits=[f"{R}/splits/{d}.parquet" for d in P.datasets],
     output:
         pairs=f"{R}/data/cross_dataset_duplicates.parquet",
-    params:
-        stage="cross_duplicates",
-        code=code_hash("data/duplicates.py"),
-        duplicates=config["duplicates"],
-        datasets=PLAN.datasets,
     log:
         f"{R}/logs/duplicates/cross_dataset.log",
+    conda:
+        CORE_ENV
+    params:
+        code=P.code("cross_duplicates"),
+        duplicates=config["duplicates"],
+        datasets=P.datasets,
     script:
         STAGE
 
@@ -118,17 +118,17 @@ rule image_cache:
     input:
         manifest=f"{R}/data/{{dataset}}/manifest.parquet",
     output:
-        array=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.npy",
-        index=f"{R}/data/{{dataset}}/images_{CACHE_TAG}.index.parquet",
-    params:
-        stage="image_cache",
-        code=code_hash("data/image_cache.py"),
-        image_cache=config["image_cache"],
-        root=lambda wc: PLAN.dataset_root(wc.dataset),
+        **P.cache_files("{dataset}"),
+    log:
+        f"{R}/logs/image_cache/{{dataset}}.log",
+    conda:
+        CORE_ENV
     threads: 2
     resources:
         mem_mb=2000,
-    log:
-        f"{R}/logs/image_cache/{{dataset}}.log",
+    params:
+        code=P.code("image_cache"),
+        image_cache=config["image_cache"],
+        root=lambda wc: P.selection.dataset_root(wc.dataset),
     script:
         STAGE

@@ -4,20 +4,21 @@
 
 rule features:
     input:
-        unpack(lambda wc: cache_files(wc.dataset)),
+        unpack(lambda wc: P.cache_files(wc.dataset)),
     output:
         features=f"{R}/features/{{encoder}}/{{dataset}}.parquet",
-    params:
-        stage="features",
-        code=code_hash("models", "features"),
-        encoder=lambda wc: REG.encoder(wc.encoder),
-        features=feature_settings,
-    threads: 2
-    resources:
-        mem_mb=encoder_resource("mem_mb"),
-        runtime=encoder_resource("runtime"),
-        gpu=encoder_resource("gpu"),
     log:
         f"{R}/logs/features/{{encoder}}/{{dataset}}.log",
+    conda:
+        TORCH_ENV
+    threads: 2
+    resources:
+        mem_mb=P.encoder_resource("mem_mb"),
+        runtime=P.encoder_resource("runtime"),
+        gpu=P.encoder_resource("gpu"),
+    params:
+        code=P.code("features"),
+        encoder=lambda wc: REG.encoder(wc.encoder),
+        features=P.feature_settings,
     script:
         STAGE

@@ -24,7 +24,6 @@ flash-attention kernel added to its table (torch only counts the CUDA attention 
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import platform
@@ -38,48 +37,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-PHASES = ("inference", "finetune", "linear_aug")
-COMPUTE_DEFAULTS: dict = {
-    "enabled": False,
-    "encoders": None,             # null: the config's encoders
-    "task": None,                 # images of this task's split; null: the config's first task
-    "device": "auto",             # auto: CUDA if present
-    "precision": "auto",          # auto: bf16 autocast on CUDA, fp32 on CPU | bf16 | fp32
-    "threads": 4,                 # the jobs' threads (CPU compute threads; on CUDA the host side)
-    "inference": {"batch_size": 1, "warmup": 10, "images": None},     # images null: the whole test split
-    "training": {"batch_size": 64, "warmup": 3, "steps": 25, "protocols": ["finetune", "linear_aug"],
-                 "distinct_batches": 4},
-}
-# Keys that only select jobs: not part of a benchmark job's result.
-NOT_RESULT = ("enabled", "encoders")
+from retinabench.settings import COMPUTE_DEFAULTS, compute_settings  # noqa: F401  (re-exported)
+from retinabench.settings import COMPUTE_NOT_RESULT as NOT_RESULT  # noqa: F401
 
+PHASES = ("inference", "finetune", "linear_aug")
 COMPUTE_COLUMNS = [
     "encoder", "domain", "architecture", "size_class", "phase", "task", "device", "device_name", "dtype",
     "batch_size", "threads", "channels_last", "compile", "n_warmup", "n_timed", "seconds_median", "seconds_p90",
     "seconds_mean", "seconds_std", "images_per_s", "peak_mem_mb", "model_mem_mb", "peak_mem_kind", "n_params",
     "n_trainable", "gflops", "gmacs", "torch", "timm", "cuda", "cudnn", "python", "load_avg_1m",
 ]
-
-
-def compute_settings(config: dict) -> dict:
-    """The config's ``compute:`` section over the defaults; unknown keys are an error."""
-    given = copy.deepcopy(config.get("compute") or {})
-    unknown = sorted(set(given) - set(COMPUTE_DEFAULTS))
-    if unknown:
-        raise KeyError(f"compute: unknown key(s) {unknown}; known: {sorted(COMPUTE_DEFAULTS)}")
-    out = {**copy.deepcopy(COMPUTE_DEFAULTS), **given}
-    for part in ("inference", "training"):
-        sub = given.get(part) or {}
-        bad = sorted(set(sub) - set(COMPUTE_DEFAULTS[part]))
-        if bad:
-            raise KeyError(f"compute.{part}: unknown key(s) {bad}; known: {sorted(COMPUTE_DEFAULTS[part])}")
-        out[part] = {**COMPUTE_DEFAULTS[part], **sub}
-    wrong = sorted(set(out["training"]["protocols"]) - {"finetune", "linear_aug"})
-    if wrong or not out["training"]["protocols"]:
-        raise ValueError(f"compute.training.protocols: unknown {wrong}; expected finetune and/or linear_aug")
-    if out["precision"] not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"compute.precision must be auto, bf16 or fp32, got {out['precision']!r}")
-    return out
 
 
 # -- FLOPs ------------------------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ class PeakMemory:
         self.kind = None
         self.at_start_mb = 0.0
 
-    def start(self) -> "PeakMemory":
+    def start(self) -> PeakMemory:
         trim_heap()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -120,7 +120,7 @@ class RawState:
 
     def _write_fingerprint(self, report: dict, n_files: int, *, first: bool) -> None:
         record = {"root": str(self.root), "n_files": n_files,
-                  "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "updated": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                   "event": "first scan" if first else "raw files changed"}
         for key in ("changed", "added", "removed"):
             record[f"n_{key}"] = len(report[key])

@@ -2,7 +2,7 @@
 correlation matrices between the encoder rankings of protocols or data regimes."""
 from __future__ import annotations
 
-from retinabench.figures.style import (FONT, MM_PER_INCH, color_ticklabels, domain_legend,  # noqa: I001
+from retinabench.figures.style import (FONT, color_ticklabels, domain_legend,  # noqa: I001
                                        figsize, save, suptitle)
 
 import matplotlib.pyplot as plt

@@ -27,7 +27,6 @@ def cd_figure(panels: list[CDPanel], encoders: dict[str, dict], out_png, *, alph
     if not panels:
         raise ValueError("cd_figure: no panels")
     names = sorted(set().union(*[set(p.mean_rank.index) for p in panels]))
-    k_max = max(len(p.mean_rank) for p in panels)
     fig = plt.figure(figsize=figsize(40, "double"), layout="constrained")
     gs = fig.add_gridspec(len(panels), 1)
     spans = []

@@ -7,7 +7,6 @@ from retinabench.figures.style import (FONT, WIDTH_MM, domain_color, domain_lege
                                        suptitle)  # (style sets the Agg backend)
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from retinabench.saliency.postprocess import heatmap

@@ -4,6 +4,8 @@ learning-rate transfer check (validation metric over the lr grid on the sweep an
 pretraining domain."""
 from __future__ import annotations
 
+from retinabench.figures import LR_ENCODERS_PER_PAGE, lr_transfer_pages  # noqa: F401 (defined once, for the planner)
+
 from retinabench.figures.style import (FONT, domain_color, domain_handles,  # noqa: I001
                                        domain_legend, encoder_colors, encoder_domain, figsize, save, suptitle,
                                        wrap)
@@ -106,14 +108,6 @@ def subgroup_figure(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, 
     paths = save(fig, out_png)
     plt.close(fig)
     return paths
-
-
-LR_ENCODERS_PER_PAGE = 10   # 5 rows of 2 encoders × 2 sweep stages at double-column width
-
-
-def lr_transfer_pages(n_encoders: int) -> int:
-    """Files the learning-rate transfer figure needs for ``n_encoders`` swept encoders."""
-    return max(1, -(-n_encoders // LR_ENCODERS_PER_PAGE))
 
 
 def lr_transfer_figure(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, title: str | None = None,

@@ -18,7 +18,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
 
 from retinabench.metrics.classification import binned_calibration_error, expected_calibration_error
-from retinabench.stats.bootstrap import ece_bins
+from retinabench.metrics.weighted import ece_bins
 
 EPS = 1e-7
 T_BOUNDS = (0.05, 20.0)

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.metrics.thresholds import point_metrics
-from retinabench.stats.bootstrap import cluster_weights, percentile_ci, weighted_metrics
+from retinabench.metrics.weighted import cluster_weights, percentile_ci, weighted_metrics
 
 GAP_METRICS_BINARY = ("ppr", "accuracy", "tpr", "fpr", "auroc")
 GAP_METRICS_MULTI = ("accuracy", "tpr_macro", "fpr_macro", "auroc_macro")
@@ -63,7 +63,7 @@ class Attribute:
     min_group_size: int = 10
 
     @classmethod
-    def from_config(cls, entry: dict, *, kind: str, min_group_size: int) -> "Attribute":
+    def from_config(cls, entry: dict, *, kind: str, min_group_size: int) -> Attribute:
         unknown = sorted(set(entry) - {"name", "column", "cut", "groups", "min_group_size"})
         if unknown:
             raise KeyError(f"reliability attribute {entry.get('name')!r}: unknown key(s) {unknown}")

@@ -1,7 +1,7 @@
 """Decision thresholds and the metrics that depend on them.
 
 Rules: the protocol's own decision ``y_pred`` as written in the predictions (never recomputed: the argmax, FOCUS's
-rule, for every probe and fine-tuning; a parsed answer for an MLLM; applied in stages_reliability) and a
+rule, for every probe and fine-tuning; a parsed answer for an MLLM; applied in retinabench.reliability) and a
 validation-chosen threshold on the positive-class probability, ``youden`` (max TPR − FPR) or ``f1`` (max F1). A
 chosen threshold is fixed on the validation rows of the model's own training dataset and carried unchanged to its
 test rows and to every other dataset it is evaluated on. Multi-class tasks use ``y_pred`` only. :func:`predict`
@@ -17,7 +17,7 @@ import numpy as np
 from sklearn import metrics as skm
 
 from retinabench.metrics.calibration import binary_ece, top_label_ece
-from retinabench.stats.bootstrap import BINARY_METRICS, MULTICLASS_METRICS
+from retinabench.metrics.weighted import BINARY_METRICS, MULTICLASS_METRICS
 
 THRESHOLD_RULES = ("youden", "f1")
 DEFAULT_THRESHOLD = 0.5

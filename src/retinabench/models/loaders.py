@@ -49,7 +49,7 @@ _LIST_LIMIT = 200  # dropped keys listed by name in provenance up to this many; 
 class WeightsError(RuntimeError):
     """A weight file that does not match its pin or its architecture; ``report`` holds the key check."""
 
-    def __init__(self, message: str, report: "KeyReport | None" = None):
+    def __init__(self, message: str, report: KeyReport | None = None):
         super().__init__(message)
         self.report = report
 

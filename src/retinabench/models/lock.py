@@ -150,7 +150,7 @@ def lock_state(entry: dict, record: dict | None) -> str:
 def attach_locks(encoders: dict[str, dict], lock: dict[str, dict]) -> None:
     """Give every entry that needs a lock its record under ``entry["lock"]`` (None if absent). The record then
     travels with the entry (Snakemake params), so relocking an encoder reruns exactly its jobs."""
-    for name, entry in encoders.items():
+    for _name, entry in encoders.items():
         if needs_lock(entry):
             entry["lock"] = lock.get(lock_name(entry))
 

@@ -21,7 +21,7 @@ same augmentation:
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -30,35 +30,9 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
 
-AUGMENT_DEFAULTS: dict[str, Any] = {
-    "enabled": True,
-    "scale": [0.8, 1.2],       # crop area as a fraction of the image area
-    "rotation": 5.0,           # degrees, uniform in [-rotation, +rotation]
-    "hflip": 0.5,              # probabilities
-    "vflip": 0.5,
-    "brightness": 0.2,         # factor uniform in [1 - b, 1 + b] (v2.ColorJitter semantics)
-    "contrast": 0.2,
-    "saturation": 0.1,
-    "hue": 0.1,                # shift uniform in [-h, h]
-    "where": "auto",           # auto (on the device on CUDA, in the loader on CPU) | loader | device
-}
+from retinabench.settings import AUGMENT_DEFAULTS, augment_settings  # noqa: F401  (re-exported)
+
 JITTER = ("brightness", "contrast", "saturation", "hue")
-
-
-def augment_settings(given: dict | None) -> dict:
-    given = dict(given or {})
-    unknown = sorted(set(given) - set(AUGMENT_DEFAULTS))
-    if unknown:
-        raise KeyError(f"finetune.augment: unknown key(s) {unknown}; known: {sorted(AUGMENT_DEFAULTS)}")
-    out = {**AUGMENT_DEFAULTS, **given}
-    lo, hi = (float(v) for v in out["scale"])
-    if not 0 < lo <= hi:
-        raise ValueError(f"finetune.augment.scale must be 0 < min <= max, got {out['scale']}")
-    if not 0 <= out["hue"] <= 0.5:
-        raise ValueError(f"finetune.augment.hue must be in [0, 0.5], got {out['hue']}")
-    if out["where"] not in ("auto", "loader", "device"):
-        raise ValueError(f"finetune.augment.where must be auto, loader or device, got {out['where']!r}")
-    return out
 
 
 def draw_params(a: dict, seed: int) -> dict:

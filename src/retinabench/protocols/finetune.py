@@ -43,53 +43,12 @@ from retinabench.data.image_dataset import CachedImageDataset, SequentialBatchSa
 from retinabench.data.splits import regime_rows
 from retinabench.features.extract import pick_device
 from retinabench.hashing import sha256_file
-from retinabench.protocols.augment import AUGMENT_DEFAULTS, augment_batch, augment_settings, build_train_transform
+from retinabench.protocols.augment import augment_batch, build_train_transform
 from retinabench.protocols.common import class_weights, make_scheduler, predictions_frame
+from retinabench.settings import (AUGMENT_DEFAULTS, FINETUNE_DEFAULTS,  # noqa: F401  (re-exported)
+                                 FINETUNE_PROTOCOLS, augment_settings, finetune_settings)
 
-FINETUNE_PROTOCOLS = ("finetune", "linear_aug")
 CHECKPOINT_FORMAT = 1
-
-# Defaults of the config's `finetune:` section (config/config.yaml documents the same values).
-FINETUNE_DEFAULTS: dict[str, Any] = {
-    "enabled": False,
-    "protocols": list(FINETUNE_PROTOCOLS),
-    "encoders": None,            # null: the config's encoders
-    "tasks": None,               # null: the config's tasks
-    "seeds": None,               # null: the config's seeds
-    "regimes": None,             # null: the config's regimes
-    "epochs": 100,
-    "steps_per_epoch": 25,
-    "batch_size": 64,
-    "eval_batch_size": 128,
-    "lr_encoder": 1.0e-5,        # used only when the sweep is disabled (otherwise the sweep's choice)
-    "lr_classifier": 1.0e-3,
-    "weight_decay": 1.0e-4,      # as the cached linear probe, so linear vs linear_aug differ only by caching
-    "warmup_frac": 0.1,
-    "checkpoint_every": 10,      # epochs
-    "keep_checkpoints": False,   # delete a job's checkpoints once its outputs are written
-    "device": "auto",            # auto | cpu | cuda | cuda:N
-    "precision": "auto",         # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-    "channels_last": "auto",     # auto (on CUDA) | true | false
-    "compile": False,            # torch.compile the model
-    "num_workers": "auto",       # auto: the rule's threads - 1 on CUDA, 0 on CPU (compute owns the cores there)
-    "threads": 4,                # the fine-tuning rules' `threads:` (capped by --cores)
-    "augment": copy.deepcopy(AUGMENT_DEFAULTS),
-}
-
-
-def finetune_settings(config: dict) -> dict:
-    """The config's ``finetune:`` section over the defaults; unknown keys are an error."""
-    given = copy.deepcopy(config.get("finetune") or {})
-    unknown = sorted(set(given) - set(FINETUNE_DEFAULTS))
-    if unknown:
-        raise KeyError(f"finetune: unknown key(s) {unknown}; known: {sorted(FINETUNE_DEFAULTS)}")
-    out = {**copy.deepcopy(FINETUNE_DEFAULTS), **given}
-    out["augment"] = augment_settings(given.get("augment"))
-    bad = sorted(set(out["protocols"]) - set(FINETUNE_PROTOCOLS))
-    if bad:
-        raise ValueError(f"finetune.protocols: unknown {bad}; expected a subset of {list(FINETUNE_PROTOCOLS)}")
-    return out
-
 
 @dataclass
 class TrainConfig:
@@ -116,7 +75,7 @@ class TrainConfig:
         self.augment = augment_settings(self.augment)  # partial dicts get the defaults; unknown keys fail
 
     @classmethod
-    def from_settings(cls, settings: dict, **overrides) -> "TrainConfig":
+    def from_settings(cls, settings: dict, **overrides) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in settings.items() if k in names}
         kwargs.update(overrides)
@@ -645,8 +604,8 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
 
         def proba(rows_idx, labels):
             ds = CachedImageDataset(array_path, rows_idx, labels)
-            logits, _ = trainer.logits(_loader(ds, SequentialBatchSampler(len(ds), cfg.eval_batch_size),
-                                               num_workers=workers, pin=pin, seed=seed))
+            logits, _ = trainer.logits(_loader(ds, SequentialBatchSampler(len(ds), cfg.eval_batch_size),  # noqa: B023 (called within the iteration)
+                                               num_workers=workers, pin=pin, seed=seed))  # noqa: B023 (called within the iteration)
             return torch.softmax(logits.double(), dim=1).numpy()
 
         proba_val = proba(va_idx, va["y"].to_numpy())

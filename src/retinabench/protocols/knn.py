@@ -36,3 +36,15 @@ def knn_predict_proba(train_x: np.ndarray, train_y: np.ndarray, query_x: np.ndar
         proba = torch.zeros(q.shape[0], n_classes).scatter_add_(1, ty[idx], votes)
         out.append((proba / proba.sum(dim=1, keepdim=True)).numpy())
     return np.concatenate(out).astype(np.float64)
+
+
+# -- the protocol registry's interface (retinabench.protocols.registry) ------------------------------------------
+def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: dict):
+    """kNN keeps its training set; ``k`` and ``temperature`` from the ``knn:`` section. No training log."""
+    return {"x": train_x, "y": train_y, "n_classes": n_classes, "k": settings.get("k", 20),
+            "temperature": settings.get("temperature", 0.07)}, None
+
+
+def predict(model: dict, x: np.ndarray) -> np.ndarray:
+    return knn_predict_proba(model["x"], model["y"], x, model["n_classes"], k=model["k"],
+                             temperature=model["temperature"])

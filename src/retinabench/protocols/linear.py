@@ -86,3 +86,15 @@ def train_linear_probe(train_x, train_y, val_x, val_y, n_classes: int, *, seed: 
 def linear_predict_proba(head: nn.Module, x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return torch.softmax(head(torch.as_tensor(x, dtype=torch.float32)), dim=1).double().numpy()
+
+
+# -- the protocol registry's interface (retinabench.protocols.registry) ------------------------------------------
+def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: dict):
+    """The head of the best validation epoch and its training log; class-weighted loss unless trained on the
+    balanced undersample."""
+    return train_linear_probe(train_x, train_y, val_x, val_y, n_classes, seed=seed, weighted=not balanced,
+                              cfg=LinearConfig(**settings))
+
+
+def predict(head: nn.Module, x: np.ndarray) -> np.ndarray:
+    return linear_predict_proba(head, x)

@@ -14,77 +14,25 @@ metric at the optimal learning rate vs the mean over the sub-optimal ones (see :
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
-import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from retinabench.protocols.finetune import DivergedError, TrainConfig, run_finetune
+from retinabench.settings import SWEEP_DEFAULTS, encoder_grid, sweep_settings, sweep_tasks  # noqa: F401
+from retinabench.settings import SWEEP_STAGES as STAGES
 
-# stage -> (protocol, the learning rate it sweeps)
-STAGES = {1: ("linear_aug", "lr_classifier"), 2: ("finetune", "lr_encoder")}
 CRITERION = "lowest seed-mean best-epoch validation loss; ties -> smaller learning rate"
-
-# Defaults of the config's `sweep:` section (config/config.yaml documents the same values).
-SWEEP_DEFAULTS: dict[str, Any] = {
-    "enabled": True,             # false: fine-tuning jobs use finetune.lr_encoder / lr_classifier
-    "task": None,                # null: the first fine-tuned task
-    "sensitivity_task": "auto",  # auto: the second fine-tuned task, if any; null: no sensitivity sweep
-    "lr_classifier": [1.0e-4, 1.0e-3, 1.0e-2],
-    "lr_encoder": [1.0e-7, 1.0e-6, 1.0e-5, 1.0e-4, 1.0e-3],
-    "seeds": [0],
-    "regimes": ["u-u"],
-    "epochs": None,              # null: finetune.epochs
-    "steps_per_epoch": None,     # null: finetune.steps_per_epoch
-    "encoders": {},              # per-encoder grids: {name: {lr_classifier: [...], lr_encoder: [...]}}
-}
 
 RUNS_COLUMNS = ["encoder", "task", "protocol", "stage", "lr_name", "lr", "lr_encoder", "lr_classifier", "seed",
                 "train_regime", "best_val_loss", "best_epoch", "diverged", "train_seconds"]
 SENSITIVITY_COLUMNS = ["encoder", "task", "stage", "protocol", "lr_name", "regime", "split", "metric", "lr_optimal",
                        "value_optimal", "value_suboptimal_mean", "value_suboptimal_sd", "n_suboptimal",
                        "n_diverged", "drop"]
-
-
-def sweep_settings(config: dict) -> dict:
-    given = copy.deepcopy(config.get("sweep") or {})
-    unknown = sorted(set(given) - set(SWEEP_DEFAULTS))
-    if unknown:
-        raise KeyError(f"sweep: unknown key(s) {unknown}; known: {sorted(SWEEP_DEFAULTS)}")
-    out = {**copy.deepcopy(SWEEP_DEFAULTS), **given}
-    for name, grids in (out["encoders"] or {}).items():
-        bad = sorted(set(grids) - {"lr_classifier", "lr_encoder"})
-        if bad:
-            raise KeyError(f"sweep.encoders.{name}: unknown key(s) {bad}; known: lr_classifier, lr_encoder")
-    return out
-
-
-def sweep_tasks(settings: dict, finetune_tasks: list[str]) -> tuple[str, str | None]:
-    """(sweep task, sensitivity task or None) for the fine-tuned tasks ``finetune_tasks``."""
-    task = settings["task"] or (finetune_tasks[0] if finetune_tasks else None)
-    if task is None:
-        raise ValueError("sweep: no task to sweep on (set sweep.task)")
-    sens = settings["sensitivity_task"]
-    if sens == "auto":
-        sens = next((t for t in finetune_tasks if t != task), None)
-    if sens == task:
-        raise ValueError(f"sweep.sensitivity_task must differ from sweep.task ({task!r})")
-    return task, sens
-
-
-def encoder_grid(settings: dict, encoder: str) -> dict[str, list[float]]:
-    """The learning-rate grids of ``encoder``: the sweep's, overridden by ``sweep.encoders.<encoder>``."""
-    own = (settings.get("encoders") or {}).get(encoder, {})
-    grid = {k: sorted(float(v) for v in own.get(k, settings[k])) for k in ("lr_classifier", "lr_encoder")}
-    for k, v in grid.items():
-        if not v or any(not (x > 0 and math.isfinite(x)) for x in v) or len(set(v)) != len(v):
-            raise ValueError(f"sweep grid {k} of encoder {encoder!r} must be distinct positive numbers, got {v}")
-    return grid
 
 
 def sweep_train_config(finetune: dict, sweep: dict, **overrides) -> TrainConfig:

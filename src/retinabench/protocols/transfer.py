@@ -16,10 +16,7 @@ import pandas as pd
 
 from retinabench.data.splits import regime_rows
 from retinabench.protocols.common import predictions_frame
-from retinabench.protocols.frozen import DETERMINISTIC, FROZEN_PROTOCOLS
-from retinabench.protocols.knn import knn_predict_proba
-from retinabench.protocols.linear import LinearConfig, linear_predict_proba, train_linear_probe
-from retinabench.protocols.logreg import logreg_predict_proba
+from retinabench.protocols.registry import PROTOCOLS
 
 
 def _rows(split: pd.DataFrame, ids: pd.Index, part: str, balanced: bool, where: str):
@@ -49,15 +46,11 @@ def run_transfer(tasks: list[dict], features: dict[str, tuple[pd.Index, np.ndarr
             name = t["dataset"] if key == "features" else t["name"]
             if name not in table:
                 raise KeyError(f"transfer: no {key} for {name!r} (task {t['name']!r})")
-    unknown = sorted(set(protocols) - set(FROZEN_PROTOCOLS))
-    if unknown:
-        raise ValueError(f"unknown transfer protocols {unknown}; expected a subset of {FROZEN_PROTOCOLS}")
+    PROTOCOLS.check(protocols, "features", "transfer protocols")
     dims = {d: f.shape[1] for d, (_, f) in features.items()}
     if len(set(dims.values())) > 1:
         raise ValueError(f"transfer: feature dimensions differ between datasets {dims} (different encoders?)")
     n_classes = len(classes)
-    lin_cfg = LinearConfig(**cfg.get("linear", {}))
-    knn_cfg, log_cfg = cfg.get("knn", {}), cfg.get("logreg", {})
     out = []
     for src in tasks:
         ids, feats = features[src["dataset"]]
@@ -74,20 +67,12 @@ def run_transfer(tasks: list[dict], features: dict[str, tuple[pd.Index, np.ndarr
                     rows, idx = _rows(splits[tgt["name"]], tids, "test", r.split("-")[1] == "b", tgt["name"])
                     queries.append((r, tgt, rows, tfeats[idx]))
             xtr, ytr = feats[tr_idx], tr["y"].to_numpy()
-            for protocol in protocols:
-                for seed in ([0] if protocol in DETERMINISTIC else seeds):
-                    if protocol == "knn":
-                        probas = [knn_predict_proba(xtr, ytr, q, n_classes, k=knn_cfg.get("k", 20),
-                                                    temperature=knn_cfg.get("temperature", 0.07))
-                                  for *_, q in queries]
-                    elif protocol == "logreg":
-                        probas = logreg_predict_proba(xtr, ytr, [q for *_, q in queries], n_classes,
-                                                      C=log_cfg.get("C", 1.0), max_iter=log_cfg.get("max_iter", 1000),
-                                                      seed=seed)
-                    else:
-                        head, _ = train_linear_probe(xtr, ytr, feats[va_idx], va["y"].to_numpy(), n_classes,
-                                                     seed=seed, weighted=not bal, cfg=lin_cfg)
-                        probas = [linear_predict_proba(head, q) for *_, q in queries]
+            for spec in (PROTOCOLS.get(name) for name in protocols):
+                protocol = spec.name
+                for seed in ([0] if spec.deterministic else seeds):
+                    model, _ = spec.fit(xtr, ytr, feats[va_idx], va["y"].to_numpy(), n_classes, seed=seed,
+                                        balanced=bal, settings=cfg.get(spec.section) or {})
+                    probas = [spec.predict(model, q) for *_, q in queries]
                     val_proba = probas[0]
                     for (regime, tgt, rows, _), proba in zip(queries[1:], probas[1:]):
                         common = dict(encoder=encoder, protocol=protocol, seed=seed, regime=regime)

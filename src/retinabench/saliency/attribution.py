@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-BASELINES = ("zeros", "black")
-NT_TYPES = ("smoothgrad", "smoothgrad_sq", "vargrad")
+from retinabench.settings import SALIENCY_BASELINES as BASELINES  # noqa: F401
+from retinabench.settings import SALIENCY_NT_TYPES as NT_TYPES  # noqa: F401
 
 
 class CacheInput(nn.Module):

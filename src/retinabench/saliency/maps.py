@@ -13,7 +13,6 @@ Outputs: a table (one row per protocol × image: prediction, weights sha256, set
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 from pathlib import Path
@@ -22,59 +21,14 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from retinabench.saliency.attribution import BASELINES, NT_TYPES
-from retinabench.saliency.postprocess import SIGNS
-
-SALIENCY_DEFAULTS: dict = {
-    "enabled": False,
-    "encoders": None,             # null: fine-tuning's encoders
-    "tasks": None,                # null: fine-tuning's tasks
-    "protocols": None,            # null: fine-tuning's protocols (finetune, linear_aug)
-    "checkpoint_seed": None,      # null: the first fine-tuning seed
-    "train_regime": "u",          # u: trained on all training images; b: on the class-balanced undersample
-    "images_per_class": 1,
-    "selection_seed": 0,
-    "nt_type": "smoothgrad",
-    "nt_samples": 50,
-    "stdev": 0.3,                 # Gaussian noise sd, in normalised input units
-    "n_steps": 50,                # integrated-gradients points (Captum's default)
-    "baseline": "zeros",          # zeros (normalised; Captum's default) | black
-    "nt_samples_batch_size": 1,   # noisy copies per IG call (memory)
-    "internal_batch_size": 50,    # IG points per forward pass (memory)
-    "noise_seed": 0,
-    "sign": "absolute_value",     # grayscale: |sum over channels| | positive
-    "clip_percentile": 99.0,
-    "clahe": {"clip_limit": 0.01, "kernel_size": None, "nbins": 256},
-    "colormap": "inferno",
-    "device": "auto",
-    "threads": 4,
-}
-# Keys that select jobs or only change the figure: not part of a saliency job's result.
-NOT_RESULT = ("enabled", "encoders", "tasks", "protocols", "checkpoint_seed", "colormap", "threads")
+from retinabench.settings import SALIENCY_DEFAULTS, saliency_settings  # noqa: F401  (re-exported)
+from retinabench.settings import SALIENCY_NOT_RESULT as NOT_RESULT  # noqa: F401
 
 SALIENCY_COLUMNS = ["encoder", "task", "protocol", "class_index", "class", "image_id", "y_true", "y_pred",
                     "predicted", "p_predicted", "correct", "map_protocol", "map_image", "weights", "weights_sha256",
                     "checkpoint_seed", "train_regime", "best_epoch", "nt_type", "nt_samples", "stdev", "n_steps",
                     "baseline", "noise_seed", "ig_delta", "attribution_l1"]
 MAP_KEYS = ("image", "attribution", "gray", "clahe", "protocols", "image_ids")
-
-
-def saliency_settings(config: dict) -> dict:
-    """The config's ``saliency:`` section over the defaults; unknown keys and values are errors."""
-    given = copy.deepcopy(config.get("saliency") or {})
-    unknown = sorted(set(given) - set(SALIENCY_DEFAULTS))
-    if unknown:
-        raise KeyError(f"saliency: unknown key(s) {unknown}; known: {sorted(SALIENCY_DEFAULTS)}")
-    clahe = {**SALIENCY_DEFAULTS["clahe"], **(given.pop("clahe", None) or {})}
-    bad = sorted(set(clahe) - set(SALIENCY_DEFAULTS["clahe"]))
-    if bad:
-        raise KeyError(f"saliency.clahe: unknown key(s) {bad}; known: {sorted(SALIENCY_DEFAULTS['clahe'])}")
-    out = {**copy.deepcopy(SALIENCY_DEFAULTS), **given, "clahe": clahe}
-    for key, allowed in (("nt_type", NT_TYPES), ("baseline", BASELINES), ("sign", SIGNS),
-                         ("train_regime", ("u", "b"))):
-        if out[key] not in allowed:
-            raise ValueError(f"saliency.{key} must be one of {list(allowed)}, got {out[key]!r}")
-    return out
 
 
 def select_images(split: pd.DataFrame, classes: list[str], *, seed: int = 0, per_class: int = 1,

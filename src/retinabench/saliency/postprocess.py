@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-SIGNS = ("absolute_value", "positive")
+from retinabench.settings import SALIENCY_SIGNS as SIGNS  # noqa: F401
+
+
 
 
 def to_grayscale(attribution: np.ndarray, sign: str = "absolute_value") -> np.ndarray:

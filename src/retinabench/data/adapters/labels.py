@@ -87,7 +87,7 @@ class LabelReader:
         self.invalid: list[dict] = []
 
     @classmethod
-    def for_entry(cls, excl: Exclusions, entry: dict) -> "LabelReader":
+    def for_entry(cls, excl: Exclusions, entry: dict) -> LabelReader:
         """A reader with the dataset entry's ``invalid_labels`` policy (default ``error``)."""
         return cls(excl, entry.get("invalid_labels", "error"))
 

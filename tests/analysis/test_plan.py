@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retinabench.stages_analysis import (ANALYSIS_DEFAULTS, FAMILIES, AnalysisContext, analysis_outputs,
-                                         analysis_settings, family_inputs)
+from retinabench.analysis import FAMILIES, AnalysisContext, analysis_outputs, family_inputs
+from retinabench.settings import ANALYSIS_DEFAULTS, analysis_settings
 from retinabench.workflow_plan import plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ import json
 import pandas as pd
 import pytest
 
-from retinabench import stages
-from retinabench.stages import Job, exclusion_summary, run_stage
+from retinabench.data.reports import exclusion_summary
+from retinabench.pipeline import STAGES, Job, run_stage
 
 
 def test_exclusion_summary_counts_by_scope_and_reason_folding_per_file_details():
@@ -29,7 +29,7 @@ def test_a_failing_stage_removes_its_outputs_sidecars_and_temp_files(tmp_path, m
         (tmp_path / "t.parquet.prov.json").write_text("{}")
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(stages.STAGES, "failing", failing)
+    monkeypatch.setitem(STAGES.load()._stages, "failing", failing)
     with pytest.raises(RuntimeError, match="boom"):
         run_stage("failing", Job(rule="x", input={}, output={"table": str(out)}))
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 from scipy.stats import false_discovery_control
 
-from retinabench.stages_reliability import comparison_pairs, paired_comparisons, reliability_settings
+from retinabench.reliability import comparison_pairs, paired_comparisons
+from retinabench.settings import reliability_settings
 
 TASKS = {t: {"name": t, "dataset": "d", "modality": m, "classes": ["no", "yes"], "harmonised": None}
          for t, m in (("t_cfp", "cfp"), ("t_oct", "oct"))}
@@ -62,7 +63,7 @@ def test_planted_improvement_is_significant_and_identical_models_are_not(compare
 
 def test_bh_within_each_metric_family(compared):
     _, comp, _ = compared
-    for fam, g in comp.groupby("metric_family"):
+    for _fam, g in comp.groupby("metric_family"):
         assert len(g) == 6  # 3 pairs x 2 tasks
         assert g["p_bh"].to_numpy() == pytest.approx(false_discovery_control(g["p_value"].to_numpy(), method="bh"))
 

@@ -1,4 +1,4 @@
-"""Stage entry points of the finetune layer; merged into retinabench.stages.STAGES.
+"""Stages of workflow/rules/finetune.smk.
 
 * ``finetune`` — one (encoder, task, protocol, seed): every training regime; predictions, training log, metrics,
   compute record (time per step, peak memory); with a ``weights`` output also the trained weights (saliency).
@@ -7,35 +7,19 @@
 * ``sweep_choose`` — the chosen (lr_classifier, lr_encoder) of an encoder, a JSON artifact.
 * ``sweep_sensitivity`` — the per-encoder sensitivity table (optimal vs mean of sub-optimal learning rates).
 * ``finetune_predictions`` — a protocol's predictions of one (encoder, task), all seeds (the frozen layout).
-* ``sweep_collect`` / ``finetune_compute`` — tables over all encoders for the analysis layer.
-"""
+* ``sweep_collect`` / ``finetune_compute`` — tables over all encoders for the analysis layer."""
 from __future__ import annotations
 
 import json
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from retinabench.schemas import conform, read_table, write_table
-from retinabench.stages import Job, _sidecars
-
-
-def _write_parquet(df: pd.DataFrame, path: str, *, metrics_part: bool = False) -> str:
-    """Atomic Parquet write of a table without a fixed schema; ``metrics_part``: its METRICS columns are checked."""
-    if metrics_part:
-        from retinabench.schemas import METRICS
-        conform(df[METRICS.names], "metrics", where=path)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
-    tmp.replace(p)
-    return path
+from retinabench.pipeline.job import Job, write_artifact, write_outputs
+from retinabench.pipeline.registry import stage
+from retinabench.schemas import read_table
 
 
 def _log(msg: str) -> None:
@@ -50,6 +34,7 @@ def _load_data(job: Job):
     return index, split
 
 
+@stage("finetune", "finetune_keep_weights")
 def stage_finetune(job: Job) -> None:
     import torch
     from retinabench.metrics.classification import metrics_table
@@ -74,9 +59,9 @@ def stage_finetune(job: Job) -> None:
     out = run_finetune(job.input["array"], index, split, task, entry, protocol=protocol, seed=seed,
                        regimes=job.params["regimes"], cfg=cfg, ckpt_dir=ckpt, threads=job.threads, log=_log,
                        keep_weights=keep)
-    write_table(out.predictions, job.output["predictions"], "predictions")
-    write_table(out.log, job.output["log"], "training_log")
-    _write_parquet(out.compute, job.output["compute"])
+    write_artifact(out.predictions, job.output["predictions"], "predictions")
+    write_artifact(out.log, job.output["log"], "training_log")
+    write_artifact(out.compute, job.output["compute"])
     outputs = [job.output["predictions"], job.output["log"], job.output["compute"]]
     if keep:
         from retinabench.protocols.finetune import save_weights
@@ -85,14 +70,15 @@ def stage_finetune(job: Job) -> None:
     conf = {"task": task, "finetune": p, "regimes": job.params["regimes"], "learning_rates": lrs}
     extra = {"seconds": round(time.perf_counter() - t0, 2), "checkpoints": ckpt,
              "compute": out.compute.to_dict("records")}
-    _sidecars(job, outputs, config=conf, seed=seed, extra=extra)
+    write_outputs(job, written=outputs, config=conf, seed=seed, extra=extra)
     metrics = metrics_table(out.predictions, {task["name"]: task})
-    write_table(metrics, job.output["metrics"], "metrics")
-    _sidecars(job, [job.output["metrics"]], config={"task": task}, inputs=[job.output["predictions"]])
+    write_artifact(metrics, job.output["metrics"], "metrics")
+    write_outputs(job, written=[job.output["metrics"]], config={"task": task}, inputs=[job.output["predictions"]])
     if not p.get("keep_checkpoints", False) and Path(ckpt).exists():
         shutil.rmtree(ckpt)  # the outputs are written: the checkpoints' only use (resuming) is over
 
 
+@stage("sweep_linear", "sweep_finetune")
 def stage_sweep_stage(job: Job) -> None:
     import torch
     from retinabench.protocols.sweep import choose_lr, run_sweep_stage, sweep_train_config
@@ -110,15 +96,16 @@ def stage_sweep_stage(job: Job) -> None:
     metrics, runs = run_sweep_stage(stage, job.input["array"], index, split, task, entry, grid=s["grid"],
                                     seeds=s["seeds"], regimes=s["regimes"], cfg=cfg, lr_classifier=lr_classifier,
                                     ckpt_dir=ckpt, threads=job.threads, log=_log)
-    _write_parquet(metrics, job.output["metrics"], metrics_part=True)
-    _write_parquet(runs, job.output["runs"])
-    _sidecars(job, [job.output["metrics"], job.output["runs"]], config={"task": task, "finetune": p, "sweep": s},
+    write_artifact(metrics, job.output["metrics"], "metrics_part")
+    write_artifact(runs, job.output["runs"])
+    write_outputs(job, written=[job.output["metrics"], job.output["runs"]], config={"task": task, "finetune": p, "sweep": s},
               seed=s["seeds"], extra={"seconds": round(time.perf_counter() - t0, 2),
                                       "lr_classifier_fixed": lr_classifier})
     if not p.get("keep_checkpoints", False) and Path(ckpt).exists():
         shutil.rmtree(ckpt)
 
 
+@stage("sweep_choose")
 def stage_sweep_choose(job: Job) -> None:
     from retinabench.protocols.sweep import chosen_record
     rec = chosen_record(job.wildcards["encoder"], job.params["task"], pd.read_parquet(job.input["stage1"]),
@@ -130,41 +117,38 @@ def stage_sweep_choose(job: Job) -> None:
     tmp.replace(out)
     _log(f"{rec['encoder']}: lr_classifier {rec['lr_classifier']:g}, lr_encoder {rec['lr_encoder']:g} "
          f"({rec['criterion']})")
-    _sidecars(job, [str(out)], config={"criterion": rec["criterion"]},
+    write_outputs(job, written=[str(out)], config={"criterion": rec["criterion"]},
               extra={"lr_classifier": rec["lr_classifier"], "lr_encoder": rec["lr_encoder"]})
 
 
+@stage("sweep_sensitivity")
 def stage_sweep_sensitivity(job: Job) -> None:
     from retinabench.protocols.sweep import sensitivity_table
     metrics = pd.concat([pd.read_parquet(f) for f in job.input["metrics"]], ignore_index=True)
     runs = pd.concat([pd.read_parquet(f) for f in job.input["runs"]], ignore_index=True)
     table = sensitivity_table(metrics, runs)
-    _write_parquet(table, job.output["sensitivity"])
-    _sidecars(job, [job.output["sensitivity"]], config={})
+    write_artifact(table, job.output["sensitivity"])
+    write_outputs(job, written=[job.output["sensitivity"]], config={})
 
 
+@stage("sweep_collect")
 def stage_sweep_collect(job: Job) -> None:
     metrics = pd.concat([pd.read_parquet(f) for f in job.input["metrics"]], ignore_index=True)
     sens = pd.concat([pd.read_parquet(f) for f in job.input["sensitivity"]], ignore_index=True)
-    _write_parquet(metrics, job.output["metrics"], metrics_part=True)
-    _write_parquet(sens, job.output["sensitivity"])
-    _sidecars(job, [job.output["metrics"], job.output["sensitivity"]], config={})
+    write_artifact(metrics, job.output["metrics"], "metrics_part")
+    write_artifact(sens, job.output["sensitivity"])
+    write_outputs(job, written=[job.output["metrics"], job.output["sensitivity"]], config={})
 
 
+@stage("finetune_predictions")
 def stage_finetune_predictions(job: Job) -> None:
     preds = pd.concat([read_table(f, "predictions") for f in job.input["predictions"]], ignore_index=True)
-    write_table(preds, job.output["predictions"], "predictions")
-    _sidecars(job, [job.output["predictions"]], config={})
+    write_artifact(preds, job.output["predictions"], "predictions")
+    write_outputs(job, written=[job.output["predictions"]], config={})
 
 
+@stage("finetune_compute")
 def stage_finetune_compute(job: Job) -> None:
     table = pd.concat([pd.read_parquet(f) for f in job.input["compute"]], ignore_index=True)
-    _write_parquet(table, job.output["compute"])
-    _sidecars(job, [job.output["compute"]], config={})
-
-
-FINETUNE_STAGES: dict[str, Callable] = {
-    "finetune": stage_finetune, "sweep_stage": stage_sweep_stage, "sweep_choose": stage_sweep_choose,
-    "sweep_sensitivity": stage_sweep_sensitivity, "sweep_collect": stage_sweep_collect,
-    "finetune_predictions": stage_finetune_predictions, "finetune_compute": stage_finetune_compute,
-}
+    write_artifact(table, job.output["compute"])
+    write_outputs(job, written=[job.output["compute"]], config={})

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 
 from retinabench.metrics.thresholds import choose_threshold
-from retinabench.stages_reliability import (KINDS, evaluate_predictions, reliability_settings, summary_scores,
-                                            table_columns)
+from retinabench.reliability import KINDS, evaluate_predictions, summary_scores, table_columns
+from retinabench.settings import reliability_settings
 
 TASK = {"name": "d_bin", "dataset": "d", "label": "lab", "classes": ["no", "yes"], "modality": "cfp",
         "ordinal": False}

@@ -1,0 +1,23 @@
+"""The analysis layer (statistics, figures, tables).
+
+The analysis is organised in *families*, one Snakemake job each (never one per task): ``ranks``, ``rank_figures``,
+``tables``, ``cd`` (Friedman / Nemenyi / critical-difference diagrams), ``protocol_heatmap``, ``agreement``
+(Spearman), ``distance`` (signed rank distances + Kruskal–Wallis), ``subsets``, ``leakage``, ``top_k``, ``ft_lp``,
+``fairness``, ``sensitivity`` and ``lr_transfer``.
+
+Each analysis runs on the protocol the paper used. The *analysis protocol* of the main rank figure, the CD
+diagrams, the subset / leakage / top-k / fairness analyses is full fine-tuning (``analysis.finetune_protocol``)
+when the config ranks it (it covers every encoder, task and regime), otherwise ``analysis.fallback_protocol``;
+titles and tables name it and, for a fallback, why (:func:`choose_headline`). The FT − LP gap compares fine-tuning
+with the paper's linear probe ``linear_aug`` (frozen encoder, same trainer, augmentations, swept lr). The fairness
+family reads the reliability layer's subgroup table (``reliability/subgroup_metrics.parquet``) by default. :func:`analysis_outputs` decides, from the configuration alone, which families
+this config can produce and their output paths; the Snakemake rules, the benchmark and the tests all use it.
+Modules: :mod:`.context` (what the analysis reads from the config and registries), :mod:`.plan` (which families
+this config produces, their paths and rules), :mod:`.families` (each family a plain function ``family_x(inputs,
+ctx, out)``, DataFrames in, files out). The stages are in retinabench.pipeline.analysis.
+"""
+from retinabench.analysis.context import FAMILIES, AnalysisContext, Family, analysis_settings, choose_headline
+from retinabench.analysis.plan import analysis_outputs, family_inputs, targets
+
+__all__ = ["FAMILIES", "AnalysisContext", "Family", "analysis_outputs", "analysis_settings", "choose_headline",
+           "family_inputs", "targets"]

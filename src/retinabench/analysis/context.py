@@ -1,0 +1,244 @@
+"""What the analysis reads from the config and the registries: :class:`AnalysisContext`, the analysis protocol
+(:func:`choose_headline`), and the family table (:data:`FAMILIES`: inputs, fields, settings of each family)."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from retinabench.settings import ANALYSIS_DEFAULTS, analysis_settings  # noqa: F401  (re-exported)
+
+ENCODER_FIELDS = ("domain", "method", "exposure", "params_m", "size_class")
+# The reliability layer's per-group metrics in the analysis format (workflow/rules/reliability.smk, rule
+# reliability_collect): the fairness family's input unless analysis.subgroup_metrics names another table.
+RELIABILITY_SUBGROUPS = "reliability/subgroup_metrics.parquet"
+SWEEP_GRID = "sweep/lr_sweep_metrics.parquet"          # the sweep's per-lr metrics (finetune.smk, sweep_collect)
+SWEEP_SENSITIVITY = "sweep/lr_sensitivity.parquet"
+TASK_FIELDS = ("dataset", "modality", "family")
+DATASET_FIELDS = ("web_exposure_risk",)
+UNBALANCED, BALANCED = "u-u", "b-b"
+
+
+def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:
+    out = {}
+    for f in fields:
+        if f not in entry:
+            if f in ("exposure",):
+                out[f] = []
+                continue
+            if f in ("params_m", "family", "size_class"):
+                out[f] = None
+                continue
+            raise KeyError(f"{what}: registry entry lacks {f!r} (needed by the analysis)")
+        out[f] = entry[f]
+    return out
+
+
+@dataclass
+class AnalysisContext:
+    """What the analysis needs from the config and the registries (only registry fields the analysis reads)."""
+    encoders: dict[str, dict] = field(default_factory=dict)
+    tasks: dict[str, dict] = field(default_factory=dict)
+    datasets: dict[str, dict] = field(default_factory=dict)
+    protocols: list[str] = field(default_factory=list)      # ranked protocols: every encoder on every task
+    ft_protocols: list[str] = field(default_factory=list)   # fine-tuning protocols run (maybe on a subset)
+    ft_regimes: list[str] = field(default_factory=list)
+    lr_source: str | None = None                            # sweep table the sensitivity family reads
+    lr_encoders: int | None = None                          # encoders the sweep covers (None: all)
+    lr_grid: str | None = None                              # the sweep's per-lr metrics (the transfer figure)
+    sweep_tasks: dict = field(default_factory=dict)         # {"sweep": task, "check": sensitivity task or None}
+    subgroup_source: str | None = None                      # subgroup table of the fairness family
+    headline: dict = field(default_factory=dict)            # analysis protocol: protocol, role, note
+    regimes: list[str] = field(default_factory=list)
+    ranking: dict = field(default_factory=dict)        # metric, regime
+    settings: dict = field(default_factory=lambda: copy.deepcopy(ANALYSIS_DEFAULTS))
+
+    @classmethod
+    def from_config(cls, config: dict, registries, *, encoders: list[str], tasks: list[str],
+                    datasets: list[str]) -> AnalysisContext:
+        settings = analysis_settings(config)
+        protocols = list(config["protocols"])
+        # Fine-tuning (workflow/rules/finetune.smk) adds its protocols' rows to the same metrics table when
+        # `finetune.enabled`. They join the rank analyses only when they cover every encoder, task and regime
+        # (ranks are comparable across protocols only over the same encoders); the FT-LP gap needs no more than
+        # the encoders and tasks both protocols ran.
+        from retinabench.settings import finetune_settings
+        ft = finetune_settings(config)  # the one set of fine-tuning defaults
+        ft_protocols = list(ft["protocols"]) if ft["enabled"] else []
+        ft_regimes = list(ft["regimes"] or config["regimes"])
+
+        def covers(subset, full):
+            return subset is None or set(full) <= set(subset)
+
+        gaps = [f"{len(ft.get(k) or [])} of {len(full)} {k}" for k, full in
+                (("encoders", encoders), ("tasks", tasks), ("regimes", config["regimes"]))
+                if not covers(ft.get(k), full)]
+        if ft_protocols and not gaps:
+            protocols += [p for p in ft_protocols if p not in protocols]
+        # The learning-rate sweep's per-encoder sensitivity table (finetune.smk, rule sweep_collect), unless the
+        # analysis names another table; the sweep task and the transfer-check task (protocols.sweep.sweep_tasks).
+        from retinabench.settings import sweep_settings, sweep_tasks
+        sweep = sweep_settings(config)
+        lr_source, lr_encoders, lr_grid, swept = settings["lr_sweep_metrics"], None, None, {}
+        if lr_source is None and ft_protocols and sweep["enabled"] and config["ranking"]["regime"] in sweep["regimes"]:
+            lr_source, lr_encoders = SWEEP_SENSITIVITY, len(ft.get("encoders") or encoders)
+            task, check = sweep_tasks(sweep, list(ft.get("tasks") or tasks))
+            swept = {"sweep": task, "check": check}
+            if check is not None:
+                lr_grid = SWEEP_GRID
+        headline = choose_headline(protocols, settings, ft_protocols=ft_protocols, coverage=gaps)
+        return cls(
+            encoders={e: _pick(registries.encoder(e), ENCODER_FIELDS, f"encoder {e!r}") for e in encoders},
+            tasks={t: _pick(registries.task(t), TASK_FIELDS, f"task {t!r}") for t in tasks},
+            datasets={d: _pick(registries.dataset(d), DATASET_FIELDS, f"dataset {d!r}") for d in datasets},
+            protocols=protocols, ft_protocols=ft_protocols, ft_regimes=ft_regimes, lr_source=lr_source,
+            lr_encoders=lr_encoders, lr_grid=lr_grid, sweep_tasks=swept,
+            subgroup_source=settings["subgroup_metrics"] or RELIABILITY_SUBGROUPS, headline=headline,
+            regimes=list(config["regimes"]), ranking=dict(config["ranking"]), settings=settings)
+
+    # --- derived settings ---
+    @property
+    def metric(self) -> str:
+        return self.ranking["metric"]
+
+    @property
+    def regime(self) -> str:
+        return self.ranking["regime"]
+
+    @property
+    def alpha(self) -> float:
+        return float(self.settings["alpha"])
+
+    @property
+    def split(self) -> str:
+        return self.settings["split"]
+
+    @property
+    def metrics(self) -> list[str]:
+        """Ranking metrics: the primary (ranking.metric) first, then the alternatives."""
+        return list(dict.fromkeys([self.metric, *self.settings["alternative_metrics"]]))
+
+    @property
+    def analysis_protocol(self) -> dict:
+        """protocol, role (headline | fallback | configured) and note of the analyses on one protocol."""
+        return self.headline or choose_headline(self.protocols, self.settings, ft_protocols=self.ft_protocols)
+
+    @property
+    def focus_protocol(self) -> str:
+        return self.analysis_protocol["protocol"]
+
+    @property
+    def protocol_label(self) -> str:
+        """The analysis protocol as titles name it: ``finetune``, or ``linear (fallback: ...)``."""
+        h = self.analysis_protocol
+        return h["protocol"] if h["role"] != "fallback" else f"{h['protocol']} ({h['note']})"
+
+    @property
+    def subgroups_path(self) -> str | None:
+        return self.subgroup_source or self.settings.get("subgroup_metrics")
+
+    # --- per-family parameters (only what each family reads, so a change reruns only its dependants) ---
+    def params_for(self, family: str) -> dict:
+        spec = FAMILIES[family]
+        out: dict[str, Any] = {}
+        if spec.encoder_fields:
+            out["encoders"] = {e: {f: m[f] for f in spec.encoder_fields} for e, m in self.encoders.items()}
+        if spec.task_fields:
+            out["tasks"] = {t: {f: m[f] for f in spec.task_fields} for t, m in self.tasks.items()}
+        if spec.datasets:
+            out["datasets"] = copy.deepcopy(self.datasets)
+        for key in spec.context:
+            out[key] = copy.deepcopy(self.analysis_protocol if key == "headline" else getattr(self, key))
+        out["settings"] = {k: copy.deepcopy(self.settings[k]) for k in spec.settings}
+        return _canonical(out)
+
+    @classmethod
+    def from_params(cls, params: dict) -> AnalysisContext:
+        ctx = cls()
+        for key in ("encoders", "tasks", "datasets", "protocols", "ft_protocols", "ft_regimes", "regimes",
+                    "ranking", "headline", "sweep_tasks"):
+            if key in params:
+                setattr(ctx, key, copy.deepcopy(dict(params[key]) if isinstance(params[key], dict)
+                                                else list(params[key])))
+        ctx.settings = Settings(copy.deepcopy(dict(params.get("settings", {}))))
+        return ctx
+
+
+def choose_headline(protocols: list[str], settings: dict, *, ft_protocols: list[str] = (),
+                    coverage: list[str] = ()) -> dict:
+    """The protocol of the single-protocol analyses: ``analysis.protocol`` when set (role ``configured``); else
+    full fine-tuning (``analysis.finetune_protocol``) when it is ranked (role ``headline``, OcularBench's headline
+    protocol); else ``analysis.fallback_protocol`` (role ``fallback``, the note says why)."""
+    given, ft = settings["protocol"], settings["finetune_protocol"]
+    if given is not None:
+        if given not in protocols:
+            raise ValueError(f"analysis.protocol {given!r} is not among the ranked protocols {protocols}; set it to "
+                             "one of them (or null: fine-tuning when run, else analysis.fallback_protocol)")
+        return {"protocol": given, "role": "configured", "note": "analysis.protocol"}
+    if ft in protocols:
+        return {"protocol": ft, "role": "headline", "note": "full fine-tuning, the paper's headline protocol"}
+    fallback = settings["fallback_protocol"]
+    if fallback not in protocols:
+        raise ValueError(f"analysis.fallback_protocol {fallback!r} is not among the ranked protocols {protocols} "
+                         f"(and {ft!r} is not ranked); set analysis.fallback_protocol or analysis.protocol")
+    if ft not in ft_protocols:
+        why = f"fallback: {ft} not run"
+    else:
+        why = f"fallback: {ft} covers only {', '.join(coverage)}" if coverage else f"fallback: {ft} not ranked"
+    return {"protocol": fallback, "role": "fallback", "note": why}
+
+
+class Settings(dict):
+    """The analysis settings a job received; asking for one it was not given is a bug in FAMILIES."""
+
+    def __missing__(self, key):
+        raise KeyError(f"analysis setting {key!r} was not passed to this job (has {sorted(self)}); "
+                       "add it to the family's `settings` in retinabench.analysis.context.FAMILIES")
+
+
+def _canonical(value):
+    """Dicts with sorted keys, recursively: a job's params must not change when a config file lists the same
+    settings in another key order (Snakemake compares params as written)."""
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+@dataclass
+class Family:
+    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep | lr_grid | baselines
+    encoder_fields: tuple[str, ...] = ()
+    task_fields: tuple[str, ...] = ()
+    datasets: bool = False
+    context: tuple[str, ...] = ()           # AnalysisContext attributes: protocols, regimes, ranking
+    settings: tuple[str, ...] = ()
+
+
+FAMILIES: dict[str, Family] = {
+    "ranks": Family(("metrics",), context=("ranking",), settings=("alternative_metrics", "split")),
+    "rank_figures": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
+                           settings=("alternative_metrics",)),
+    "tables": Family(("metrics", "ranks", "baselines"), context=("ranking",),
+                     settings=("alternative_metrics", "split")),
+    "cd": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
+                 settings=("alternative_metrics", "alpha")),
+    "protocol_heatmap": Family(("ranks",), ("domain",), context=("ranking", "protocols", "regimes")),
+    "agreement": Family(("ranks",), context=("ranking", "protocols", "regimes"), settings=("alpha",)),
+    "distance": Family(("ranks",), ("domain", "method"), ("modality", "family"),
+                       context=("ranking", "protocols", "headline"), settings=("alpha", "subsets")),
+    "subsets": Family(("ranks",), ("domain",), ("modality", "family"), context=("ranking", "protocols", "headline"),
+                      settings=("subsets",)),
+    "leakage": Family(("ranks",), ("domain", "exposure"), ("dataset",), True, ("ranking", "protocols", "headline")),
+    "top_k": Family(("ranks",), ("domain", "exposure"), ("dataset", "modality"), True,
+                    ("ranking", "protocols", "headline"), ("top_k", "subsets")),
+    "ft_lp": Family(("metrics",), ("domain", "params_m"), context=("ranking", "ft_protocols"),
+                    settings=("split", "finetune_protocol", "linear_protocol")),
+    "fairness": Family(("subgroups",), ("domain",), context=("ranking", "protocols", "headline"),
+                       settings=("split", "subgroup_pairs")),
+    "sensitivity": Family(("lr_sweep", "ranks"), ("domain", "method", "size_class"),
+                          context=("ranking", "protocols", "sweep_tasks"), settings=("alpha", "lr_reference")),
+    "lr_transfer": Family(("lr_grid", "lr_sweep", "baselines"), ("domain", "size_class"),
+                          context=("ranking", "sweep_tasks")),
+}

@@ -1,0 +1,23 @@
+"""Stage of workflow/rules/features.smk: one (encoder, dataset) embedding table (retinabench.features)."""
+from __future__ import annotations
+
+import time
+
+from retinabench.pipeline.job import Job, write_outputs
+from retinabench.pipeline.registry import stage
+
+
+@stage("features")
+def stage_features(job: Job) -> None:
+    import torch
+    from retinabench.features.extract import extract_features
+    from retinabench.models import build_encoder
+    torch.set_num_threads(max(1, job.threads))
+    entry, p = job.params["encoder"], job.params["features"]
+    t0 = time.perf_counter()
+    encoder = build_encoder(entry)
+    info = extract_features(encoder, job.input["array"], job.input["index"], job.output["features"],
+                            batch_size=p["batch_size"], device=p.get("device", "auto"), progress=True)
+    info["seconds"] = round(time.perf_counter() - t0, 2)
+    write_outputs(job, written=[job.output["features"]], config={"encoder": entry, "features": p},
+              extra={"weights": encoder.weights | {"encoder": entry["name"]}, "extraction": info})

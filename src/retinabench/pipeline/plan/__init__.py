@@ -1,0 +1,95 @@
+"""The one plan of a workflow run: every layer's targets, paths, per-job settings, resources and code hashes,
+built once from the validated config, torch-free (the Snakefile builds it at parse time, in every job too).
+
+``workflow/rules/*.smk`` declare rules only and ask this plan for everything else; a consumer asks the producer's
+plan for paths (the reliability layer asks for every protocol's prediction files, the analysis layer for every
+metrics file). One sub-plan per rule file: :class:`CorePlan` (common, data, features, probes),
+:class:`FinetunePlan`, :class:`ReliabilityPlan`, :class:`AnalysisPlan`, :class:`SaliencyPlan`, :class:`ComputePlan`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from retinabench.pipeline.plan.analysis import AnalysisPlan
+from retinabench.pipeline.plan.core import CorePlan, alternatives, intended_executor
+from retinabench.pipeline.plan.finetune import FinetunePlan
+from retinabench.pipeline.plan.reliability import ReliabilityPlan
+from retinabench.pipeline.plan.saliency import ComputePlan, SaliencyPlan
+from retinabench.workflow_plan import ConfigError, check_config
+
+
+class WorkflowPlan(CorePlan):
+    def __init__(self, config: dict):
+        super().__init__(config)
+        self.finetune = FinetunePlan(self)
+        self.reliability = ReliabilityPlan(self, self.prediction_files)
+        self.analysis = AnalysisPlan(self, self.metrics_files, self.reliability)
+        self.saliency = SaliencyPlan(self, self.finetune)
+        self.compute = ComputePlan(self, self.finetune)
+        from retinabench.data.raw_state import RawState
+        self.raw_states = {d: RawState(self.selection.dataset_root(d), f"{self.R}/data/{d}") for d in self.datasets
+                           if not self.reg.dataset(d).get("generated")}
+        self._refreshed: set[str] = set()
+
+    # -- what downstream layers read -----------------------------------------------------------------------
+    def prediction_files(self) -> dict[str, str]:
+        """{"<source>/<encoder>/<task>": path} of every protocol's per-(encoder, task) predictions except transfer
+        (the reliability plan adds its own), by kind in the protocol registry: one frozen table per (encoder, task)
+        holds every `features` protocol of the config; each `images` protocol (fine-tuning, when enabled) has its
+        own. Downstream layers (reliability, analysis) read this, never a hand-kept list."""
+        from retinabench.protocols.registry import PROTOCOLS
+        kinds = {PROTOCOLS.get(p).kind for p in self.config["protocols"]}
+        files = self.frozen_prediction_files() if "features" in kinds else {}
+        files.update(self.finetune.prediction_files())
+        return files
+
+    def metrics_files(self) -> list[str]:
+        """Per-job metrics tables of every protocol the config runs (collect_metrics concatenates them)."""
+        return self.frozen("metrics") + self.finetune.metrics_files()
+
+    def all_targets(self) -> list[str]:
+        return (self.targets() + self.analysis.targets() + self.reliability.targets() + self.finetune.targets()
+                + self.saliency.targets() + self.compute.targets())
+
+    # -- start-up ------------------------------------------------------------------------------------------
+    def raw_fingerprint(self, dataset: str, *, main_process: bool) -> list[str]:
+        """The dataset's raw fingerprint input (retinabench.data.raw_state), refreshed once per workflow start in
+        the main process: a changed, added or removed raw file makes it newer than the manifest, which reruns.
+        Generated datasets and datasets without a raw folder have none (Snakemake then reports the manifest's
+        missing index files)."""
+        if self.reg.dataset(dataset).get("generated") or not self.raw_states[dataset].root.is_dir():
+            return []
+        state = self.raw_states[dataset]
+        if main_process and dataset not in self._refreshed:
+            changes = state.refresh()
+            self._refreshed.add(dataset)
+            listed = changes["changed"] + changes["added"] + changes["removed"]
+            if listed and os.path.exists(f"{self.R}/data/{dataset}/manifest.parquet"):
+                print(f"retinabench: raw data of {dataset} changed since its manifest was built: "
+                      f"{len(changes['changed'])} changed, {len(changes['added'])} added, "
+                      f"{len(changes['removed'])} removed (e.g. {listed[:3]}); see {state.fingerprint_path}",
+                      file=sys.stderr)
+        return [str(state.fingerprint_path)]
+
+    def start(self, *, main_process: bool) -> None:
+        """What the main process checks before any job runs, all problems listed at once (ConfigError): raw changes
+        first (a dataset whose raw data changed is rebuilt, not checked), then fractions, unpinned encoders,
+        devices, class placement and knn.k on built manifests; saliency and compute settings. Remote jobs re-read
+        the Snakefile and skip this."""
+        if not main_process:
+            return
+        for dataset in self.raw_states:
+            self.raw_fingerprint(dataset, main_process=True)
+        for note in check_config(self.config, self.selection, local=self.local):
+            print(f"retinabench: {note}", file=sys.stderr)
+        sal_devices, _ = self.saliency.problems()
+        if sal_devices:
+            raise ConfigError(sal_devices)
+        compute = self.compute.problems()
+        if compute:
+            raise ConfigError([f"compute: {p}" for p in compute])
+
+
+__all__ = ["AnalysisPlan", "ComputePlan", "CorePlan", "FinetunePlan", "ReliabilityPlan", "SaliencyPlan",
+           "WorkflowPlan", "alternatives", "intended_executor"]

@@ -1,0 +1,140 @@
+"""The core of the plan (workflow/rules/common.smk, data.smk, features.smk, probes.smk): what the config selects,
+where every artifact of the data, features and frozen-probe layers goes, and per-job settings and resources."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
+from retinabench.pipeline.plan.code import rule_code_hash
+from retinabench.settings import PHANTOM_DEFAULTS
+from retinabench.workflow_plan import dataset_tasks, plan
+
+
+def alternatives(names) -> str:
+    """A wildcard constraint matching exactly ``names`` (nothing when empty)."""
+    return "|".join(re.escape(str(n)) for n in names) or "(?!)"
+
+
+def intended_executor(argv: list[str] | None = None, environ: dict | None = None) -> str | None:
+    """The executor this run will use (--executor / -e, else the profile's `executor`), read from the command
+    line: Snakemake picks the executor only after it has parsed the Snakefile."""
+    import yaml
+    argv = sys.argv[1:] if argv is None else argv
+    environ = os.environ if environ is None else environ
+    for i, arg in enumerate(argv):
+        if arg in ("--executor", "-e") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--executor="):
+            return arg.split("=", 1)[1]
+    profile = next((argv[i + 1] for i, a in enumerate(argv) if a == "--profile" and i + 1 < len(argv)),
+                   environ.get("SNAKEMAKE_PROFILE"))
+    if profile:
+        for folder in (profile, os.path.join(os.path.expanduser("~/.config/snakemake"), profile)):
+            cfg = os.path.join(folder, "config.yaml")
+            if os.path.isfile(cfg):
+                with open(cfg) as fh:
+                    return (yaml.safe_load(fh) or {}).get("executor")
+    return None
+
+
+class CorePlan:
+    def __init__(self, config: dict):
+        self.config = config
+        self.selection = plan(config)
+        self.reg = self.selection.registries
+        self.R = self.selection.results
+        self.datasets, self.tasks, self.encoders = (self.selection.datasets, self.selection.tasks,
+                                                    self.selection.encoders)
+        self.cache_tag = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
+        self.generated_roots = {d["root"]: name for name, d in self.reg.datasets.items() if d.get("generated")}
+        self.local = intended_executor() in (None, "local", "dryrun")
+
+    alternatives_of = staticmethod(alternatives)
+
+    @property
+    def phantom_metadata(self) -> str:
+        """The generated phantom's metadata file, wildcard ``generated_root``."""
+        return os.path.join(self.selection.data_root, "{generated_root}", "metadata.csv")
+
+    # -- code, resources -----------------------------------------------------------------------------------
+    @staticmethod
+    def code(rule: str, *extra_modules: str) -> str:
+        return rule_code_hash(rule, *extra_modules)
+
+    def manifest_code(self, wc) -> str:
+        """The manifest stage's code plus this dataset's adapter only (adding another adapter reruns nothing)."""
+        from retinabench.data.adapters import ADAPTERS
+        adapter = self.reg.dataset(wc.dataset)["adapter"]
+        if adapter not in ADAPTERS:
+            raise KeyError(f"no adapter {adapter!r}; known adapters: {sorted(ADAPTERS)}")
+        return rule_code_hash("manifest", ADAPTERS[adapter].__module__)
+
+    def encoder_resource(self, key: str):
+        return lambda wc: SIZE_CLASSES[self.reg.encoder(wc.encoder)["size_class"]][key]
+
+    def feature_settings(self, wc) -> dict:
+        """The features config of one encoder's jobs, its batch size resolved from the size class."""
+        features = self.config["features"]
+        return {**features, "batch_size": feature_batch_size(self.reg.encoder(wc.encoder), features)}
+
+    # -- paths ---------------------------------------------------------------------------------------------
+    def task_dataset(self, task: str) -> str:
+        return self.reg.task(task)["dataset"]
+
+    def data(self, dataset: str, name: str) -> str:
+        return f"{self.R}/data/{dataset}/{name}"
+
+    def cache_files(self, dataset: str) -> dict[str, str]:
+        return {"array": f"{self.R}/data/{dataset}/images_{self.cache_tag}.npy",
+                "index": f"{self.R}/data/{dataset}/images_{self.cache_tag}.index.parquet"}
+
+    def task_split(self, task: str) -> str:
+        return f"{self.R}/splits/{self.task_dataset(task)}/{task}.parquet"
+
+    def features(self, encoder: str, dataset: str) -> str:
+        return f"{self.R}/features/{encoder}/{dataset}.parquet"
+
+    def images_of_task(self, task: str) -> dict[str, str]:
+        """Image cache and split of a task (the inputs of every image-based job)."""
+        return {**self.cache_files(self.task_dataset(task)), "split": self.task_split(task)}
+
+    def index_files(self, dataset: str) -> list[str]:
+        return [os.path.join(self.selection.dataset_root(dataset), f) for f in self.reg.dataset(dataset)["index_files"]]
+
+    def frozen(self, kind: str) -> list[str]:
+        return [f"{self.R}/{kind}/frozen/{e}/{t}.parquet" for e in self.encoders for t in self.tasks]
+
+    def frozen_prediction_files(self) -> dict[str, str]:
+        return {f"frozen/{e}/{t}": f"{self.R}/predictions/frozen/{e}/{t}.parquet" for e in self.encoders
+                for t in self.tasks}
+
+    # -- settings ------------------------------------------------------------------------------------------
+    def phantom_settings(self, wc) -> dict:
+        """The config's phantom settings, overridden per dataset by its registry `options`."""
+        return {**PHANTOM_DEFAULTS, **self.config.get("phantom", {}),
+                **self.reg.dataset(self.generated_roots[wc.generated_root]).get("options", {})}
+
+    def dataset_tasks(self, dataset: str) -> list[dict]:
+        return dataset_tasks(self.reg, dataset)
+
+    def protocol_settings(self, names) -> dict:
+        """{section: settings} of the `features` protocols ``names`` (retinabench.protocols.registry)."""
+        from retinabench.protocols.registry import PROTOCOLS
+        PROTOCOLS.check(names, "features", "protocols")
+        return {PROTOCOLS.get(n).section: PROTOCOLS.get(n).settings(self.config) for n in names}
+
+    def frozen_settings(self) -> dict:
+        c = self.config
+        return {"names": c["protocols"], "seeds": c["seeds"], "regimes": c["regimes"],
+                **self.protocol_settings(c["protocols"])}
+
+    def targets(self) -> list[str]:
+        R = self.R
+        targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
+        targets += [f"{R}/data/{d}/exclusions.parquet" for d in self.datasets]
+        targets += [f"{R}/data/{d}/duplicates.parquet" for d in self.datasets]
+        if len(self.datasets) > 1:  # test images of one dataset that duplicate training images of another
+            targets.append(f"{R}/data/cross_dataset_duplicates.parquet")
+        return targets

@@ -1,0 +1,123 @@
+"""Plan of workflow/rules/finetune.smk: full fine-tuning and augmented linear probing, one job per (protocol,
+encoder, task, seed), and the two-stage learning-rate sweep. Off unless `finetune: {enabled: true}`."""
+from __future__ import annotations
+
+import math
+
+from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.settings import FINETUNE_PROTOCOLS, SWEEP_STAGES, encoder_grid, finetune_settings, sweep_settings, sweep_tasks
+
+# What a job's result depends on (its params: editing anything else, e.g. the task list, reruns nothing).
+NOT_RESULT = ("enabled", "protocols", "encoders", "tasks", "seeds", "regimes", "threads")
+LRS = ("lr_encoder", "lr_classifier")
+# Minutes for one run of the paper's schedule (100 x 25 steps of 64 images + validation) by encoder size class,
+# on one GPU; scaled by the number of runs and steps of a job.
+RUNTIME = {"tiny": 30, "small": 45, "base": 90, "large": 180, "huge": 360, "giant": 720}
+
+
+def train_regimes(regimes) -> int:
+    return len({r.split("-")[0] for r in regimes})
+
+
+class FinetunePlan:
+    protocol_constraint = alternatives(FINETUNE_PROTOCOLS)
+    stages = SWEEP_STAGES
+
+    def __init__(self, core: CorePlan):
+        self.core, config = core, core.config
+        ft = self.settings = finetune_settings(config)
+        sw = self.sweep = sweep_settings(config)
+        self.on = bool(ft["enabled"])
+        self.protocols = list(ft["protocols"])
+        self.encoders = list(ft["encoders"] or core.encoders)
+        self.tasks = list(ft["tasks"] or core.tasks)
+        self.seeds = list(ft["seeds"] if ft["seeds"] is not None else config["seeds"])
+        self.regimes = list(ft["regimes"] or config["regimes"])
+        for e in self.encoders:
+            core.reg.encoder(e)
+        if set(self.tasks) - set(core.tasks):
+            raise ValueError(f"finetune.tasks {sorted(set(self.tasks) - set(core.tasks))} are not tasks of this "
+                             f"config (its datasets' tasks: {core.tasks})")
+        self.sweep_on = self.on and bool(sw["enabled"])
+        self.sweep_task, self.sensitivity_task = sweep_tasks(sw, self.tasks) if self.sweep_on else (None, None)
+        self.sweep_tasks = [t for t in (self.sweep_task, self.sensitivity_task) if t]
+        if set(self.sweep_tasks) - set(core.tasks):
+            raise ValueError(f"sweep tasks {sorted(set(self.sweep_tasks) - set(core.tasks))} are not tasks of this "
+                             f"config (its datasets' tasks: {core.tasks})")
+        self.job_settings = {k: v for k, v in ft.items() if k not in NOT_RESULT + (LRS if self.sweep_on else ())}
+        self.sweep_job_settings = {k: v for k, v in ft.items() if k not in NOT_RESULT + LRS}
+        self.threads = ft["threads"]
+
+    # -- paths ---------------------------------------------------------------------------------------------
+    def path(self, kind, protocol, encoder, task, seed, ext="parquet") -> str:
+        return f"{self.core.R}/{kind}/{protocol}/{encoder}/{task}/seed{seed}.{ext}"
+
+    def outputs(self, protocol="{protocol}", encoder="{encoder}", task="{task}", seed="{seed}") -> dict[str, str]:
+        return {k: self.path(k if k != "log" else "training_logs", protocol, encoder, task, seed)
+                for k in ("predictions", "log", "metrics", "compute")}
+
+    def sweep_path(self, encoder, task, stage, kind) -> str:
+        return f"{self.core.R}/sweep/{encoder}/{task}/stage{stage}_{kind}.parquet"
+
+    def inputs(self, wc) -> dict[str, str]:
+        inputs = self.core.images_of_task(wc.task)
+        if self.sweep_on:
+            inputs["lr"] = f"{self.core.R}/sweep/{wc.encoder}/chosen.json"
+        return inputs
+
+    def grid(self):
+        return [(p, e, t, s) for p in self.protocols for e in self.encoders for t in self.tasks for s in self.seeds]
+
+    def metrics_files(self) -> list[str]:
+        return [self.path("metrics", *key) for key in self.grid()] if self.on else []
+
+    def compute_files(self) -> list[str]:
+        return [self.path("compute", *key) for key in self.grid()] if self.on else []
+
+    def prediction_files(self) -> dict[str, str]:
+        """{"<protocol>/<encoder>/<task>": path} of the per-(encoder, task) predictions (all seeds), the layout of
+        the frozen protocols' tables (for the reliability layer)."""
+        if not self.on:
+            return {}
+        return {f"{p}/{e}/{t}": f"{self.core.R}/predictions/{p}/{e}/{t}.parquet" for p in self.protocols
+                for e in self.encoders for t in self.tasks}
+
+    def sweep_stage_files(self, encoder, kind) -> list[str]:
+        return [self.sweep_path(encoder, t, s, kind) for t in self.sweep_tasks for s in self.stages]
+
+    def targets(self) -> list[str]:
+        if not self.on:
+            return []
+        targets = list(self.prediction_files().values()) + [f"{self.core.R}/compute/finetune.parquet"]
+        if self.sweep_on:
+            targets += [f"{self.core.R}/sweep/lr_sweep_metrics.parquet", f"{self.core.R}/sweep/lr_sensitivity.parquet"]
+        return targets
+
+    # -- settings and resources ----------------------------------------------------------------------------
+    def checkpoints(self, wc) -> str:
+        return f"{self.core.R}/checkpoints/{wc.protocol}/{wc.encoder}/{wc.task}/seed{wc.seed}"
+
+    def sweep_checkpoints(self, stage):
+        return lambda wc: f"{self.core.R}/checkpoints/sweep/{wc.encoder}/{wc.task}/stage{stage}"
+
+    def runtime_minutes(self, encoder, runs, epochs, steps_per_epoch) -> int:
+        minutes = RUNTIME[self.core.reg.encoder(encoder)["size_class"]] * runs * epochs * steps_per_epoch / 2500
+        return max(10, math.ceil(minutes))
+
+    def runtime(self, wc) -> int:
+        ft = self.settings
+        return self.runtime_minutes(wc.encoder, train_regimes(self.regimes), ft["epochs"], ft["steps_per_epoch"])
+
+    def sweep_params(self, stage):
+        lr_name, sw = self.stages[stage][1], self.sweep
+        return lambda wc: {"grid": encoder_grid(sw, wc.encoder)[lr_name], "seeds": sw["seeds"],
+                           "regimes": sw["regimes"], "epochs": sw["epochs"], "steps_per_epoch": sw["steps_per_epoch"]}
+
+    def sweep_runtime(self, stage):
+        sw, ft = self.sweep, self.settings
+
+        def runtime(wc):
+            g = encoder_grid(sw, wc.encoder)[self.stages[stage][1]]
+            return self.runtime_minutes(wc.encoder, len(g) * len(sw["seeds"]) * train_regimes(sw["regimes"]),
+                                        sw["epochs"] or ft["epochs"], sw["steps_per_epoch"] or ft["steps_per_epoch"])
+        return runtime

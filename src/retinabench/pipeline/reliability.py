@@ -1,0 +1,123 @@
+"""Stages of workflow/rules/reliability.smk: transfer, per-table evaluation, collection, paired comparisons,
+figures (retinabench.reliability does the work; docs/reliability.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from retinabench.pipeline.job import write_artifact, write_outputs
+from retinabench.pipeline.registry import stage
+from retinabench.reliability import (KINDS, analysis_subgroup_metrics, evaluate_predictions, harmonised_coverage,
+                                     prepare_predictions,
+                                     paired_comparisons, summary_scores)
+
+
+def _read_many(paths, kind) -> pd.DataFrame:
+    from retinabench.schemas import read_table
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    return pd.concat([read_table(p, kind) for p in paths], ignore_index=True)
+
+
+@stage("transfer")
+def stage_transfer(job) -> None:
+    import time
+
+    import torch
+
+    from retinabench.features.extract import load_features
+    from retinabench.protocols.transfer import run_transfer
+    from retinabench.schemas import read_table
+    torch.set_num_threads(max(1, job.threads))
+    tasks, p = job.params["tasks"], job.params["transfer"]
+    features = {}
+    for path in job.input["features"]:
+        features[Path(path).stem] = load_features(path)
+    splits = {Path(s).stem: read_table(s, "split") for s in job.input["splits"]}
+    t0 = time.perf_counter()
+    preds = run_transfer(tasks, features, splits, job.wildcards["encoder"], protocols=p["protocols"], seeds=p["seeds"],
+                         regimes=p["regimes"], cfg=job.params["probes"])
+    write_artifact(preds, job.output["predictions"], "predictions")
+    write_outputs(job, written=[job.output["predictions"]], config={"tasks": tasks, "transfer": p, "probes": job.params["probes"]},
+              seed=p["seeds"], extra={"seconds": round(time.perf_counter() - t0, 2),
+                                      "pairs": [f"{s['name']} -> {t['name']}" for s in tasks for t in tasks]})
+
+
+@stage("reliability")
+def stage_reliability(job) -> None:
+    from retinabench.schemas import read_table
+    settings, tasks = job.params["reliability"], job.params["tasks"]
+    preds = read_table(job.input["predictions"], "predictions")
+    manifest = _read_many(job.input["manifests"], "manifest")
+    exclusions = _read_many(job.input["exclusions"], "exclusions")
+    splits = {Path(s).stem: read_table(s, "split") for s in job.input["splits"]}
+    tables = evaluate_predictions(preds, manifest, exclusions, splits, tasks, settings, source=job.wildcards["source"])
+    paths = [write_artifact(tables[k], job.output[k]) for k in KINDS]
+    write_outputs(job, written=paths, config={"reliability": settings, "tasks": tasks}, seed=settings["bootstrap"]["seed"],
+              extra={"rows": {k: int(len(v)) for k, v in tables.items()}})
+
+
+@stage("reliability_collect")
+def stage_reliability_collect(job) -> None:
+    settings, tasks = job.params["reliability"], job.params["tasks"]
+    tables = {}
+    for kind in KINDS:
+        frames = [pd.read_parquet(f) for f in job.input[kind]]
+        frames = [f for f in frames if not f.empty]
+        tables[kind] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    tables["coverage"] = pd.concat([tables["coverage"], harmonised_coverage(settings, job.params["datasets"], tasks)],
+                                   ignore_index=True)
+    paths = [write_artifact(tables[k], job.output[k]) for k in KINDS]
+    write_outputs(job, written=paths, config={"reliability": settings})
+    sub = analysis_subgroup_metrics(tables["subgroups"])
+    scores = summary_scores(tables["gaps"], tables["metrics"], tasks, settings)
+    from retinabench.metrics.fairness import FORMULAS
+    write_outputs(job, written=[write_artifact(sub, job.output["subgroup_metrics"])], config={"reliability": settings},
+              inputs=[job.output["subgroups"]],
+              extra={"note": "analysis-layer format: METRICS columns + attribute + group; own-task models, "
+                                     "decisions y_pred as written"})
+    write_outputs(job, written=[write_artifact(scores, job.output["scores"])], config={"reliability": settings},
+              inputs=[job.output["gaps"], job.output["metrics"]],
+              extra={"formulas": FORMULAS, "fairness_score_attributes": settings["fairness_score_attributes"],
+                     "doc": "docs/reliability.md"})
+
+
+@stage("reliability_paired")
+def stage_reliability_paired(job) -> None:
+    from retinabench.schemas import read_table
+    settings, tasks = job.params["reliability"], job.params["tasks"]
+    frames = []
+    for source, paths in job.params["sources"].items():
+        for path in paths:
+            frames.append(prepare_predictions(read_table(path, "predictions"), tasks, source))
+    preds = pd.concat(frames, ignore_index=True)
+    manifest = _read_many(job.input["manifests"], "manifest")
+    comp, dom = paired_comparisons(preds, manifest, tasks, settings, job.params["encoders"])
+    paths = [write_artifact(comp, job.output["comparisons"]), write_artifact(dom, job.output["domains"])]
+    write_outputs(job, written=paths, config={"reliability": settings}, seed=settings["bootstrap"]["seed"],
+              extra={"n_comparisons": int(len(comp)), "n_domain_rows": int(len(dom))})
+
+
+@stage("reliability_figure")
+def stage_reliability_figure(job) -> None:
+    """One reliability figure as a folder of panel groups (figures/reliability.py) plus ``skipped.csv``: the groups
+    and rows left out for lack of data, with the reason (collected into the skipped-analyses table)."""
+    import shutil
+
+    from retinabench import skipped as skip_table
+    from retinabench.figures.reliability import FIGURES
+    settings, which = job.params["reliability"], job.params["figure"]
+    protocols = job.params["protocols"]
+    # default: the linear probe (calibrated probabilities; kNN votes are coarse), else the first protocol run
+    default = "linear" if "linear" in protocols else protocols[0]
+    sel = {**settings["figures"], "protocol": settings["figures"]["protocol"] or default}
+    tables = {k: pd.read_parquet(v) for k, v in job.input.items()}
+    out_dir = Path(job.output["dir"])
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # a rerun must not keep panel groups that no longer have data
+    out_dir.mkdir(parents=True)
+    paths, skipped = FIGURES[which](tables, job.params["encoders"], out_dir, sel, groups=job.params.get("groups"))
+    rows = [skip_table.record(which, r["reason"], part=r["part"], n=r["n"], source="figure") for r in skipped]
+    paths.append(write_artifact(skip_table.frame(rows), out_dir / "skipped.csv"))
+    write_outputs(job, written=paths, config={"reliability": {"figures": sel}},
+                  extra={"figure": which, "panel_groups": sorted(Path(p).stem for p in paths if p.endswith(".png"))})

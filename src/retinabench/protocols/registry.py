@@ -1,0 +1,130 @@
+"""The protocol registry: every protocol the benchmark runs, with one predictions contract
+(retinabench.schemas.PREDICTIONS), as data. Torch-free: a protocol's code is imported only when it runs.
+
+A :class:`Protocol` declares
+
+* ``kind`` — what it consumes: ``features`` (cached frozen features: kNN, linear, logistic, centroid probes; run
+  by the frozen and transfer jobs through ``fit`` / ``predict``), ``images`` (trains on the image cache: full
+  fine-tuning, augmented linear probing; LoRA adapters later) or ``prompts`` (image-text models and MLLMs
+  prompted per class: zero-shot, MLLM yes/no; no training);
+* ``section`` — its config section (``knn:``, ``linear:``, ...) and ``defaults`` — that section's defaults;
+* ``module`` — where its code lives: for ``features`` protocols ``fit(x_train, y_train, x_val, y_val, n_classes, *,
+  seed, balanced, settings) -> (model, training-log rows or None)`` and ``predict(model, x) -> [n, n_classes]``
+  probabilities; for the other kinds the job function (``module:function``) their pipeline stage calls;
+* ``deterministic`` — runs once (seed 0) instead of once per seed;
+* ``family`` — the protocol names one job of it writes (``zeroshot`` writes ``zeroshot`` and ``zeroshot_focus``);
+* ``settings_class`` — optional typed settings (``from_config(section)``) instead of the ``defaults`` dict.
+
+A new frozen probe is one module (``fit`` / ``predict``) + one entry here + its config section; the frozen and
+transfer jobs, the config checks and the reliability / analysis layers pick it up from here.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+KINDS = ("features", "images", "prompts")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    kind: str
+    module: str
+    section: str | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    deterministic: bool = False
+    family: tuple[str, ...] = ()
+    description: str = ""
+    settings_class: Any = None  # typed settings: a class with from_config(section) (e.g. a frozen dataclass)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"protocol {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+
+    def code(self):
+        module, _, _ = self.module.partition(":")
+        return importlib.import_module(module)
+
+    def fit(self, *args, **kwargs):
+        return self.code().fit(*args, **kwargs)
+
+    def predict(self, model, x):
+        return self.code().predict(model, x)
+
+    def job(self) -> Callable:
+        module, _, fn = self.module.partition(":")
+        if not fn:
+            raise TypeError(f"protocol {self.name!r} ({self.kind}) has no job function (module:function)")
+        return getattr(importlib.import_module(module), fn)
+
+    def settings(self, config: dict) -> dict:
+        """Its config section over its defaults (unknown keys are an error naming the section), or, with a
+        ``settings_class``, that class built from the section (its own validation)."""
+        given = dict(config.get(self.section) or {}) if self.section else {}
+        if self.settings_class is not None:
+            return self.settings_class.from_config(given)
+        unknown = sorted(set(given) - set(self.defaults))
+        if unknown:
+            raise KeyError(f"{self.section}: unknown key(s) {unknown}; known: {sorted(self.defaults)}")
+        return {**self.defaults, **given}
+
+
+class ProtocolRegistry:
+    def __init__(self) -> None:
+        self._protocols: dict[str, Protocol] = {}
+
+    def register(self, protocol: Protocol) -> Protocol:
+        names = (protocol.name, *protocol.family)
+        taken = [n for n in names if n in self._protocols or n in self._family_names()]
+        if taken:
+            raise ValueError(f"protocol name(s) {taken} are registered twice (new: {protocol.module})")
+        self._protocols[protocol.name] = protocol
+        return protocol
+
+    def _family_names(self) -> set[str]:
+        return {n for p in self._protocols.values() for n in p.family}
+
+    def get(self, name: str) -> Protocol:
+        try:
+            return self._protocols[name]
+        except KeyError:
+            raise KeyError(f"unknown protocol {name!r}; known: {sorted(self._protocols)}") from None
+
+    def names(self, kind: str | None = None) -> list[str]:
+        return [n for n, p in self._protocols.items() if kind is None or p.kind == kind]
+
+    def check(self, names, kind: str, where: str) -> None:
+        """``names`` must be protocols of ``kind`` (the error lists the known ones)."""
+        bad = [n for n in names if n not in self.names(kind)]
+        if bad:
+            raise ValueError(f"{where}: unknown {kind} protocol(s) {bad}; known: {self.names(kind)}")
+
+
+PROTOCOLS = ProtocolRegistry()
+register = PROTOCOLS.register
+
+# -- frozen features ---------------------------------------------------------------------------------------------
+register(Protocol("knn", "features", "retinabench.protocols.knn", section="knn",
+                  defaults={"k": 20, "temperature": 0.07}, deterministic=True,
+                  description="weighted kNN on cosine similarity (OcularBench)"))
+register(Protocol("linear", "features", "retinabench.protocols.linear", section="linear",
+                  defaults={"epochs": 100, "steps_per_epoch": 25, "batch_size": 64, "lr": 0.001,
+                            "weight_decay": 0.0001, "warmup_frac": 0.1},
+                  description="linear head on cached features, AdamW + cosine schedule, best validation epoch"))
+register(Protocol("logreg", "features", "retinabench.protocols.logreg", section="logreg",
+                  defaults={"C": 1.0, "max_iter": 2000}, deterministic=True,
+                  description="FOCUS-style logistic regression, class-balanced, standardised input"))
+register(Protocol("centroid", "features", "retinabench.protocols.centroid", section="centroid",
+                  defaults={"temperature": 0.07}, deterministic=True,
+                  description="nearest class centroid (prototype) on cosine similarity"))
+# -- images --------------------------------------------------------------------------------------------------------
+register(Protocol("finetune", "images", "retinabench.protocols.finetune:run_finetune", section="finetune",
+                  description="full fine-tuning, the paper's two-stage learning-rate sweep"))
+register(Protocol("linear_aug", "images", "retinabench.protocols.finetune:run_finetune", section="finetune",
+                  description="frozen encoder, linear head trained on augmented images (the paper's linear probe)"))
+
+
+def frozen_protocols() -> list[str]:
+    return PROTOCOLS.names("features")

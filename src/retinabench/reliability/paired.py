@@ -1,0 +1,189 @@
+"""Paired bootstrap comparisons of models on the same images, Benjamini-Hochberg within each metric family and
+grouping (FOCUS Table 5: in-domain vs out-of-domain summaries)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+
+
+PAIRED_VARIANTS = {"auroc": ("auroc", "auroc_macro"), "auprc": ("auprc", "auprc_macro"),
+                   "accuracy": ("accuracy", "accuracy"), "f1": ("f1", "f1_macro"), "ece": ("ece", "ece_top_label")}
+MODEL_KEYS = ("source", "encoder", "protocol")
+
+
+def comparison_pairs(preds: pd.DataFrame, settings: dict, encoder_order: list[str]) -> list[tuple[dict, dict]]:
+    """Model pairs (a, b): the configured ``pairs`` or, by default, every encoder pair within each
+    (source, protocol), a = the encoder listed first in the config."""
+    p = settings["paired"]
+    if p["pairs"]:
+        out = []
+        for i, spec in enumerate(p["pairs"]):
+            if set(spec) != {"a", "b"}:
+                raise KeyError(f"reliability.paired.pairs[{i}] needs keys a and b, got {sorted(spec)}")
+            models = []
+            for side in ("a", "b"):
+                m = {"source": "frozen", **spec[side]}
+                bad = sorted(set(m) - set(MODEL_KEYS))
+                lack = [k for k in ("encoder", "protocol") if k not in m]
+                if bad or lack:
+                    raise KeyError(f"reliability.paired.pairs[{i}].{side}: keys must be encoder, protocol "
+                                   f"(+ source), got {sorted(spec[side])}")
+                models.append(m)
+            out.append((models[0], models[1]))
+        return out
+    order = {e: i for i, e in enumerate(encoder_order)}
+    out = []
+    protocols = p["protocols"]
+    for (source, protocol), part in preds.groupby(["source", "protocol"], sort=True):
+        if protocols is not None and protocol not in protocols:
+            continue
+        encs = sorted(part["encoder"].unique(), key=lambda e: (order.get(e, len(order)), e))
+        for a, b in itertools.combinations(encs, 2):
+            out.append(({"source": source, "encoder": a, "protocol": protocol},
+                        {"source": source, "encoder": b, "protocol": protocol}))
+    return out
+
+
+def _model_rows(preds: pd.DataFrame, model: dict) -> pd.DataFrame:
+    m = np.ones(len(preds), dtype=bool)
+    for k, v in model.items():
+        m &= (preds[k] == v).to_numpy()
+    return preds[m]
+
+
+SHIFT_FIELD = "shift"   # paired.domain value grouping comparisons by in-domain vs out-of-domain (FOCUS Table 5)
+
+
+def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[str, dict], settings: dict,
+                       encoder_order: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(comparison-level, domain-level) paired bootstrap comparisons; delta = model b − model a.
+
+    Per (training task, test task): test rows of both models are aligned by image id (intersection over both
+    models' seeds); ``setting`` is ``in-domain`` when the training dataset is the test dataset, else
+    ``out-of-domain`` (transfer probes on another dataset; the transfer source's own in-domain rows repeat the frozen
+    probes and are not compared twice). Each model's metric is the mean over its seeds; hard-decision metrics use
+    each model's ``y_pred`` as written; the resampling units (patients, or images: ``bootstrap.unit``) of the aligned
+    rows are drawn with replacement (the same draws for both models); CI = percentile interval of the delta
+    replicates; two-sided bootstrap p-value; Benjamini–Hochberg within each metric family. Domain level, for each
+    field of ``paired.domain`` (a task registry field such as ``modality``, or ``shift``: in-domain vs
+    out-of-domain) and ``all``: mean of the comparison deltas, two-stage bootstrap (comparisons resampled, each with
+    its own replicate), BH within each (metric family, domain field).
+    """
+    from retinabench.metrics.thresholds import point_metrics
+    from retinabench.stats.bootstrap import (benjamini_hochberg, bootstrap_p_value, cluster_weights,
+                                             hierarchical_mean_replicates, make_rng, percentile_ci,
+                                             weighted_metrics)
+    p, boot = settings["paired"], settings["bootstrap"]
+    n_boot, level, n_bins, boot_unit = int(boot["n_boot"]), float(boot["level"]), settings["n_bins"], boot["unit"]
+    fields = [p["domain"]] if isinstance(p["domain"], str) else list(p["domain"])
+    preds = preds[(preds["split"] == "test") & (preds["regime"] == p["regime"])]
+    own = preds["train_task"] == preds["task"]
+    preds = preds[own | (preds["train_dataset"] != preds["dataset"])]
+    preds = preds[~((preds["source"] == "transfer") & (preds["train_dataset"] == preds["dataset"]))]
+    pairs = comparison_pairs(preds, settings, encoder_order)
+    pid = manifest.set_index(["dataset", "image_id"])["patient_id"]
+    rows, reps_of = [], {}
+    from retinabench.progress import progress
+    cells = preds.groupby(["train_task", "task"], sort=True)
+    for (train_task, task), tp in progress(cells, "paired bootstrap comparisons", total=cells.ngroups,
+                                           unit="(training, test) task cells", note=lambda c: c[0][1]):
+        classes = list(tasks[task]["classes"])
+        pcols = [f"p_{c}" for c in classes]
+        train_dataset = str(tp["train_dataset"].iloc[0])
+        setting = "in-domain" if train_dataset == tasks[task]["dataset"] else "out-of-domain"
+        for a, b in pairs:
+            ra, rb = _model_rows(tp, a), _model_rows(tp, b)
+            if ra.empty and rb.empty:
+                continue  # neither model has this (training task, test task) cell: not a comparison of this pair
+            base = {**{f"{k}_a": a[k] for k in MODEL_KEYS}, **{f"{k}_b": b[k] for k in MODEL_KEYS},
+                    "train_dataset": train_dataset, "train_task": train_task, "dataset": tasks[task]["dataset"],
+                    "task": task, "setting": setting, "regime": p["regime"], "bootstrap_unit": boot_unit}
+            if ra.empty or rb.empty:
+                rows.append({**base, "skipped": True, "reason": f"no {p['regime']} test predictions for model "
+                                                                f"{'a' if ra.empty else 'b'} on this task"})
+                continue
+            per_seed = {side: {s: g.set_index("image_id") for s, g in r.groupby("seed")}
+                        for side, r in (("a", ra), ("b", rb))}
+            id_sets = [set(g.index) for side in per_seed.values() for g in side.values()]
+            common = sorted(set.intersection(*id_sets))
+            n_unaligned = len(set.union(*id_sets)) - len(common)
+            if not common:
+                rows.append({**base, "skipped": True, "reason": "no image predicted by both models"})
+                continue
+            first = next(iter(per_seed["a"].values())).loc[common]
+            y = first["y_true"].to_numpy()
+            for side in per_seed.values():
+                for g in side.values():
+                    if not np.array_equal(g.loc[common, "y_true"].to_numpy(), y):
+                        raise ValueError(f"paired comparison on {task}: the two models' y_true disagree on aligned "
+                                         "images (different label definitions?)")
+            patients = pid.reindex(pd.MultiIndex.from_arrays([first["dataset"].to_numpy(), common])).to_numpy()
+            if pd.isna(patients).any():
+                raise KeyError(f"paired comparison on {task}: {int(pd.isna(patients).sum())} images are not in "
+                               "the manifest")
+            units = patients.astype(str) if boot_unit == "patient" else np.asarray(common, dtype=str)
+            W = cluster_weights(units, n_boot, make_rng(boot["seed"], "paired", train_task, task, len(common)))
+            names = [PAIRED_VARIANTS[m][0 if len(classes) == 2 else 1] for m in p["metrics"]]
+            values, reps = {}, {}
+            for side, seeds in per_seed.items():
+                pv, rv = [], []
+                for g in seeds.values():
+                    proba = g.loc[common, pcols].to_numpy(dtype=np.float64)
+                    pred = g.loc[common, "y_pred"].to_numpy(dtype=np.int64)  # the model's own decisions
+                    pv.append(point_metrics(names, y, proba, pred, n_bins=n_bins))
+                    rv.append(weighted_metrics(names, y, proba, pred, W, n_bins=n_bins))
+                values[side] = {m: float(np.mean([d[m] for d in pv])) for m in names}
+                reps[side] = {m: np.mean([d[m] for d in rv], axis=0) for m in names}
+            for base_name, m in zip(p["metrics"], names):
+                d = reps["b"][m] - reps["a"][m]
+                lo, hi, n_valid = percentile_ci(d, level)
+                key = len(rows)
+                reps_of[key] = d
+                rows.append({**base, "metric": m, "metric_family": base_name, "value_a": values["a"][m],
+                             "value_b": values["b"][m], "delta": values["b"][m] - values["a"][m], "ci_low": lo,
+                             "ci_high": hi, "p_value": bootstrap_p_value(d), "n_images": len(common),
+                             "n_patients": int(pd.unique(patients).size), "n_unaligned": n_unaligned,
+                             "n_seeds_a": len(per_seed["a"]), "n_seeds_b": len(per_seed["b"]), "n_boot": n_boot,
+                             "n_valid": n_valid, "skipped": False, "reason": ""})
+    comp = pd.DataFrame(rows)
+    if comp.empty:
+        comp = pd.DataFrame(columns=["metric_family", "p_value", "skipped"])
+    comp["p_bh"] = np.nan
+    for _fam, idx in comp[~comp["skipped"].astype(bool)].groupby("metric_family").groups.items():
+        comp.loc[idx, "p_bh"] = benjamini_hochberg(comp.loc[idx, "p_value"].to_numpy())
+    # domain level: per grouping field, each of its values and `all`
+    drows = []
+    done = comp[~comp["skipped"].astype(bool)] if "skipped" in comp else comp.iloc[0:0]
+    mk = [f"{k}_{s}" for s in ("a", "b") for k in MODEL_KEYS]
+    for field in progress(fields if len(done) else [], "domain-level bootstrap", unit="domain fields"):
+        if field == SHIFT_FIELD:
+            grouped = done.assign(domain=done["setting"])
+        else:
+            lacking = sorted({t for t in done["task"] if field not in tasks[t]})
+            if lacking:
+                raise KeyError(f"reliability.paired.domain {field!r}: task registry entries {lacking} lack it "
+                               f"(use a task field such as modality, or {SHIFT_FIELD!r})")
+            grouped = done.assign(domain=[str(tasks[t][field]) for t in done["task"]])
+        for by_domain in (True, False):
+            keys = [*mk, "metric_family"] + (["domain"] if by_domain else [])
+            for key, grp in grouped.groupby(keys, sort=True):
+                d = dict(zip(keys, key))
+                dom = d.pop("domain", "all")
+                r = hierarchical_mean_replicates([reps_of[i] for i in grp.index],
+                                                 make_rng(boot["seed"], "domain", field, *key), n_boot)
+                lo, hi, n_valid = percentile_ci(r, level)
+                drows.append({**d, "domain_field": field, "domain": dom, "delta": float(grp["delta"].mean()),
+                              "ci_low": lo, "ci_high": hi, "p_value": bootstrap_p_value(r),
+                              "n_comparisons": int(len(grp)),
+                              "tasks": ",".join(f"{tt}<-{tr}" if tt != tr else tt
+                                                for tt, tr in zip(grp["task"], grp["train_task"])),
+                              "bootstrap_unit": boot_unit, "n_boot": n_boot, "n_valid": n_valid})
+    dom = pd.DataFrame(drows)
+    if not dom.empty:
+        dom["p_bh"] = np.nan
+        for _, idx in dom.groupby(["metric_family", "domain_field"]).groups.items():
+            dom.loc[idx, "p_bh"] = benjamini_hochberg(dom.loc[idx, "p_value"].to_numpy())
+    return comp, dom
