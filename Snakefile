@@ -34,3 +34,12 @@ rule all:
 
 
 apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)
+
+
+onsuccess:
+    # What this run did not produce, and why (results/skipped_analyses.csv; retinabench.skipped). Written by the
+    # skipped_analyses rule; a run of other targets prints the table of the last full run (dated).
+    import sys
+    from retinabench.skipped import print_table
+
+    print_table(P.analysis.skipped_table, file=sys.stderr)

@@ -26,8 +26,8 @@ def main() -> int:
     from retinabench.analysis import AnalysisContext, analysis_outputs
     from retinabench.analysis.families import run_family
     from retinabench.settings import ANALYSIS_DEFAULTS
-    from retinabench.stats.synthetic import (synthetic_metrics, synthetic_registries, synthetic_subgroups,
-                                             synthetic_sweep)
+    from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
+                                             synthetic_subgroups, synthetic_sweep)
     t_import = time.perf_counter() - t_start
 
     protocols = args.protocols.split(",")
@@ -51,7 +51,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         outputs = analysis_outputs(ctx, str(root))
-        tables = {"metrics": metrics, "subgroups": subgroups, "lr_sweep": sweep, "lr_grid": grid}
+        tables = {"metrics": metrics, "subgroups": subgroups, "lr_sweep": sweep, "lr_grid": grid,
+                  "baselines": synthetic_baselines(tasks)}
         timings = {}
         t_all, cpu_all = time.perf_counter(), time.process_time()
         for family, out in outputs.items():  # dict order: ranks first, then everything that reads them

@@ -104,7 +104,8 @@ def test_fine_tuning_joins_the_rankings_only_with_full_coverage():
     # sensitivity on the sweep task; the second fine-tuned task is the transfer check of the chosen lr
     assert ctx.sweep_tasks == {"sweep": p.tasks[0], "check": p.tasks[1]}
     assert family_inputs("lr_transfer", "R", ctx) == {"lr_grid": "R/sweep/lr_sweep_metrics.parquet",
-                                                      "lr_sweep": "R/sweep/lr_sensitivity.parquet"}
+                                                      "lr_sweep": "R/sweep/lr_sensitivity.parquet",
+                                                      "baselines": "R/analysis/baselines.csv"}
     no_aug = context(load_config({"finetune": full["finetune"] | {"protocols": ["finetune"]}}))
     assert "ft_lp" not in analysis_outputs(no_aug, "R")  # the cached-feature `linear` probe is not the paper's LP
     no_check = context(load_config({"finetune": full["finetune"], "sweep": {"sensitivity_task": None}}))

@@ -147,7 +147,8 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
     from retinabench.registry import _schema  # the entry must also pass the registry schemas
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("### Your own data"):readme.index("### Tasks of the reference studies")]
+    start = readme.index("### Your own data (a YAML entry")  # up to the next heading (the Python contract follows)
+    section = readme[start:readme.index("\n### ", start)]
     dataset_yaml, tasks_yaml = re.findall(r"```yaml\n(.*?)```", section, re.S)
     entry = {"name": "mystudy", **yaml.safe_load(dataset_yaml)["mystudy"]}
     tasks = yaml.safe_load(tasks_yaml)

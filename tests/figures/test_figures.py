@@ -11,7 +11,8 @@ from retinabench.analysis.families import run_family
 from retinabench.analysis.plan import FAMILY_RULES
 from retinabench.pipeline import Job, run_stage
 from retinabench.settings import ANALYSIS_DEFAULTS
-from retinabench.stats.synthetic import synthetic_metrics, synthetic_registries, synthetic_subgroups, synthetic_sweep
+from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
+                                         synthetic_subgroups, synthetic_sweep)
 
 PROTOCOLS = ["knn", "linear", "linear_aug", "finetune"]
 
@@ -28,7 +29,7 @@ def study():
                           lr_grid="sweep/lr_sweep_metrics.parquet", subgroup_source="reliability/subgroups.parquet",
                           sweep_tasks={"sweep": "task00", "check": "task01"})
     tables = {"metrics": metrics, "subgroups": synthetic_subgroups(metrics[metrics["protocol"] == "finetune"]),
-              "lr_sweep": sensitivity, "lr_grid": grid}
+              "lr_sweep": sensitivity, "lr_grid": grid, "baselines": synthetic_baselines(tasks)}
     return ctx, tables
 
 
@@ -43,10 +44,17 @@ def run_all(ctx, tables, root: Path) -> dict:
 
 
 def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
+    from retinabench.figures.style import recording
     ctx, tables = study
     root = tmp_path_factory.mktemp("analysis")
-    outputs = run_all(ctx, tables, root)
+    with recording() as saved:
+        outputs = run_all(ctx, tables, root)
     assert set(outputs) == set(FAMILIES)  # this synthetic study has every input, so every family runs
+    # every figure type at print size, nothing clipped (figures/style.py targets); the workflow tests check the
+    # same on the pipeline's own outputs
+    assert len(saved) == sum(k.startswith("png") for out in outputs.values() for k in out)
+    assert {s["path"]: s["problems"] for s in saved if s["problems"]} == {}
+    assert all(s["width_mm"] <= 180.5 and s["height_mm"] <= 240.5 for s in saved)
     for _family, out in outputs.items():
         for _key, path in out.items():
             data = Path(path).read_bytes()
@@ -174,7 +182,7 @@ def test_distance_figure_draws_group_means_with_encoders_as_points(captured, tmp
     kw = kruskal_table(dist)
     distance_bars(dist, kw, encoders, tmp_path / "srd.png", title="t")
     ax = captured[-1].axes[0]
-    labels = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
+    labels = [t.get_text().split(" (")[0] for t in ax.get_xticklabels()]
     assert labels == ["natural", "cfp", "oct"]  # largest group first
     heights = [p.get_height() for p in ax.patches]
     d = dist.set_index("encoder")["distance"]
@@ -203,5 +211,101 @@ def test_lr_figures_are_by_model_size(study, captured, tmp_path):
     order = [t.get_text() for t in ax.get_yticklabels()]
     assert [to_hex(p.get_facecolor()) for p in ax.patches] == [SIZE_COLORS[sizes[e]].lower() for e in order]
     srd = srd_fig.axes[0]
-    groups = [t.get_text().split("\n")[0] for t in srd.get_xticklabels()]
+    groups = [t.get_text().split(" (")[0] for t in srd.get_xticklabels()]
     assert set(groups) == set(sizes.values()) and "model size" in srd.get_title()
+
+
+@pytest.mark.slow
+def test_paper_scale_figures_fit_the_print_targets(tmp_path):
+    """34 encoders × 39 tasks (OcularBench's grid): labels, legends and pages still fit; lr transfer on 4 pages."""
+    from retinabench.figures.style import recording
+    encoders, tasks, datasets = synthetic_registries(34, 39, seed=0)
+    metrics = synthetic_metrics(encoders, tasks, protocols=PROTOCOLS, seeds=(0,), regimes=("u-u", "b-b"),
+                                metrics=("accuracy", "auroc"), splits=("test",), seed=0)
+    grid, sensitivity = synthetic_sweep(encoders, ["task00", "task01"], seed=0)
+    ctx = AnalysisContext(encoders=encoders, tasks=tasks, datasets=datasets, protocols=PROTOCOLS,
+                          regimes=["u-u", "b-b"], ranking={"metric": "accuracy", "regime": "u-u"},
+                          settings=ANALYSIS_DEFAULTS | {"alternative_metrics": []},
+                          lr_source="sweep/lr_sensitivity.parquet", lr_grid="sweep/lr_sweep_metrics.parquet",
+                          subgroup_source="reliability/subgroups.parquet",
+                          sweep_tasks={"sweep": "task00", "check": "task01"})
+    tables = {"metrics": metrics, "subgroups": synthetic_subgroups(metrics[metrics["protocol"] == "finetune"]),
+              "lr_sweep": sensitivity, "lr_grid": grid, "baselines": synthetic_baselines(tasks)}
+    with recording() as saved:
+        outputs = run_all(ctx, tables, tmp_path)
+    assert sum(k.startswith("png_part") for k in outputs["lr_transfer"]) == 3  # 34 encoders: 4 pages
+    assert {s["path"]: s["problems"] for s in saved if s["problems"]} == {}
+    assert all(s["width_mm"] <= 180.5 and s["height_mm"] <= 240.5 for s in saved)
+
+
+def _hlines(ax) -> list[float]:
+    """y of the horizontal full-width reference lines of a panel (axhline: x data from 0 to 1 in axes units)."""
+    out = []
+    for line in ax.lines:
+        x, y = line.get_xdata(), line.get_ydata()
+        if len(y) == 2 and y[0] == y[1] and list(x) == [0, 1]:
+            out.append(float(y[0]))
+    return out
+
+
+def test_lr_transfer_panels_draw_each_tasks_majority_level(study, captured, tmp_path):
+    """Baselines beside the headline numbers: the validation majority-class rate of the sweep task and of the
+    check task is a reference line in every panel, and named in the legend."""
+    from retinabench.stats.baselines import select
+    ctx, tables = study
+    outputs = analysis_outputs(ctx, str(tmp_path))
+    run_family("lr_transfer", tables, AnalysisContext.from_params(ctx.params_for("lr_transfer")),
+               outputs["lr_transfer"])
+    base = select(tables["baselines"], "accuracy", "val", "u-u").set_index("task")["majority"]
+    expected = sorted(100 * base[[ctx.sweep_tasks["sweep"], ctx.sweep_tasks["check"]]].to_numpy())
+    fig = captured[-1]
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+    assert panels
+    for ax in panels:
+        assert sorted(_hlines(ax)) == pytest.approx(expected), ax.get_title()
+    assert "majority class (validation)" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_transfer_and_auroc_subgroup_figures_draw_the_chance_level(monkeypatch, tmp_path):
+    from retinabench.figures import reliability as rel
+    figs = []
+    monkeypatch.setattr(rel, "save", lambda fig, png: figs.append(fig) or [str(png)])
+    monkeypatch.setattr(rel.plt, "close", lambda fig=None: None)
+    encoders = {"e1": {"domain": "natural"}, "e2": {"domain": "cfp"}}
+    rows = []
+    for enc in encoders:
+        for train, target in (("a", "a"), ("b", "a")):
+            rows.append({"source": "transfer", "threshold": "none", "metric": "auroc", "regime": "u-u",
+                         "protocol": "linear", "seed": 0, "encoder": enc, "train_task": train, "task": target,
+                         "value": 0.8, "ci_low": 0.7, "ci_high": 0.9, "n": 40})
+    rel.transfer_bars({"metrics": pd.DataFrame(rows)}, encoders, tmp_path, {"regime": "u-u", "protocol": "linear",
+                                                                             "seed": 0}, groups={"g": ["a"]})
+    assert figs and 0.5 in _hlines(figs[-1].axes[0])
+    assert "chance (AUROC 0.5)" in [t.get_text() for t in figs[-1].legends[0].get_texts()]
+    sub = []
+    for enc in encoders:
+        for group, v in (("female", 0.7), ("male", 0.8)):
+            sub.append({"source": "frozen", "protocol": "linear", "regime": "u-u", "seed": 0, "threshold": "none",
+                        "metric": "auroc", "dataset": "d", "task": "a", "train_task": "a", "encoder": enc,
+                        "attribute": "sex", "group": group, "value": v, "ci_low": v - 0.1, "ci_high": v + 0.1,
+                        "below_min_size": False, "reason": None, "n": 30})
+    sel = {"source": "frozen", "protocol": "linear", "regime": "u-u", "seed": 0, "threshold": "none",
+           "metric": "auroc"}
+    paths, _ = rel.subgroup_scatter({"subgroups": pd.DataFrame(sub)}, encoders, tmp_path, sel)
+    assert paths, "no subgroup scatter drawn"
+    ax = figs[-1].axes[0]
+    assert 0.5 in _hlines(ax)
+    assert any(list(line.get_xdata()) == [0.5, 0.5] for line in ax.lines)  # the vertical chance line
+
+
+def test_top_k_with_few_encoders_keeps_its_axis_labels_on_the_canvas(tmp_path):
+    """Three narrow panels of two long-named encoders (the demo's shape): no label leaves the canvas."""
+    from retinabench.figures.bars import top_k_panels
+    from retinabench.figures.style import recording
+    enc = {"efficientnet_lite0_in1k": {"domain": "natural"}, "vit_tiny_random": {"domain": "none"}}
+    rows = [{"panel": panel, "encoder": e, "mean_rank": 1.2 + i * 0.6, "sd_rank": 0.4, "position": i + 1,
+             "n_tasks": 3} for panel in ("all", "cfp", "oct") for i, e in enumerate(enc)]
+    with recording() as saved:
+        top_k_panels(pd.DataFrame(rows), enc, tmp_path / "top_k.png", titles={"all": "all tasks"},
+                     title="Top-2 encoders by mean rank")
+    assert saved and saved[0]["problems"] == []

@@ -58,3 +58,17 @@ def test_compute_figures_write_all_four(tmp_path):
     with pytest.raises(ValueError, match="no training rows"):
         t = compute_table()
         compute_figures(t[t["phase"] == "inference"], ENCODERS, outs)
+
+
+def test_saliency_and_compute_figures_fit_the_print_targets(tmp_path):
+    """The print targets of figures/style.py (size, no text off the canvas, legends outside the data) hold for
+    the saliency grid and the four compute figures too."""
+    from retinabench.figures.style import MAX_HEIGHT_MM, WIDTH_MM, recording
+    images = [(0, "img1"), (1, "img2"), (2, "img3")]
+    results = {e: saliency_result(e, images) for e in ENCODERS}
+    with recording() as saved:
+        saliency_figure(TASK, results, ENCODERS, tmp_path / "s.png", protocols=["finetune", "linear_aug"])
+        compute_figures(compute_table(), ENCODERS, {f: str(tmp_path / f"{f}.png") for f in FIGURES})
+    assert len(saved) == 1 + len(FIGURES)
+    assert {s["path"]: s["problems"] for s in saved if s["problems"]} == {}
+    assert all(s["width_mm"] <= WIDTH_MM["double"] + 0.5 and s["height_mm"] <= MAX_HEIGHT_MM + 0.5 for s in saved)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import pandas as pd
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,3 +53,80 @@ def run_snakemake():
 def make_workflow_copy():
     """The `copy_workflow(dest, overrides)` helper: a fresh copy of the workflow with config/tiny.yaml."""
     return copy_workflow
+
+
+def run_config(workdir: Path) -> dict:
+    """The merged config a workflow copy ran with (config.yaml + tiny.yaml), registry paths made absolute."""
+    config = {}
+    for f in ("config/config.yaml", "config/tiny.yaml"):
+        config.update(yaml.safe_load((workdir / f).read_text()))
+    for k in ("datasets", "tasks", "encoders"):
+        config["registries"][k] = str(workdir / config["registries"][k])
+    return config
+
+
+def render_run_figures(workdir: Path, dest: Path, *, families=None, reliability=True) -> list[dict]:
+    """Draw every figure type a finished run produced again, from that run's own tables, through the same
+    functions its jobs call, and return what figures.style.save recorded for each (size, layout problems).
+    ``families``: the analysis families to draw (default: every planned family that has figures)."""
+    from retinabench.data.derived import transfer_groups
+    from retinabench.figures.reliability import FIGURES
+    from retinabench.figures.style import recording
+    from retinabench.analysis import AnalysisContext, analysis_outputs, family_inputs
+    from retinabench.analysis.families import read_input, run_family
+    from retinabench.settings import reliability_settings
+    from retinabench.workflow_plan import plan
+    config = run_config(workdir)
+    p = plan(config)
+    ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
+    results = str(workdir / config["results"])
+    outputs = analysis_outputs(ctx, str(dest / "results"))
+    with recording() as saved:
+        for family, out in outputs.items():
+            if not any(k.startswith("png") for k in out) or (families is not None and family not in families):
+                continue
+            inputs = {k: read_input(k, path) for k, path in family_inputs(family, results, ctx).items()}
+            run_family(family, inputs, AnalysisContext.from_params(ctx.params_for(family)), out)
+        if reliability:
+            settings = reliability_settings(config)
+            protocols = config["protocols"]
+            sel = {**settings["figures"], "protocol": settings["figures"]["protocol"]
+                   or ("linear" if "linear" in protocols else protocols[0])}
+            encoders = {e: p.registries.encoder(e) for e in p.encoders}
+            groups = transfer_groups({t: p.registries.task(t) for t in p.tasks})
+            rel = Path(results) / "reliability"
+            for name, fn in FIGURES.items():
+                if name == "transfer" and not groups:
+                    continue
+                tables = {k: pd.read_parquet(rel / f"{k}.parquet") for k in ("bins", "calibration", "gaps",
+                                                                              "subgroups", "metrics")}
+                fn(tables, encoders, dest / "reliability" / name, sel, groups=groups)
+    return saved
+
+
+def figure_type(path: str) -> str:
+    """The figure type of a rendered file: its stem without metric or part suffixes, or its reliability folder."""
+    path = Path(path)
+    if path.parent.parent.name == "reliability":
+        return path.parent.name
+    stem = path.stem
+    for suffix in ("_balanced_accuracy", "_auroc"):
+        stem = stem.removesuffix(suffix)
+    return stem.split("_part")[0]
+
+
+def assert_print_quality(saved: list[dict], expected_types: set[str]) -> None:
+    """Every rendered figure fits the publication targets (figures/style.py) and no text leaves the canvas."""
+    from retinabench.figures.style import MAX_HEIGHT_MM, WIDTH_MM
+    types = {figure_type(s["path"]) for s in saved}
+    assert expected_types <= types, f"figure types not rendered: {sorted(expected_types - types)}"
+    bad = {s["path"]: s["problems"] for s in saved if s["problems"]}
+    assert not bad, bad
+    for s in saved:
+        assert s["width_mm"] <= WIDTH_MM["double"] + 0.5 and s["height_mm"] <= MAX_HEIGHT_MM + 0.5, s
+
+
+@pytest.fixture(scope="session")
+def figure_checks():
+    """(render_run_figures, assert_print_quality) for the workflow tests' runs."""
+    return render_run_figures, assert_print_quality

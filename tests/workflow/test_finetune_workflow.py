@@ -72,7 +72,7 @@ def ft_workflow(tmp_path_factory, make_workflow_copy, run_snakemake):
     work = make_workflow_copy(tmp_path_factory.mktemp("ftwf") / "repo", FT_TINY)
     reg = work / "config/encoders.yaml"
     reg.write_text(reg.read_text() + "\n" + yaml.safe_dump(MICRO))
-    run_snakemake(work, "--printshellcmds", *targets(), *ANALYSIS)  # a flag first: --configfile would eat targets
+    run_snakemake(work, "--rerun-incomplete", *targets(), *ANALYSIS)  # a flag first: --configfile would eat targets
     return work
 
 
@@ -213,3 +213,28 @@ def test_fine_tuning_analyses_use_the_papers_protocols(ft_workflow):
     srd = pd.read_csv(r / "analysis/lr_signed_rank_distance.csv")
     assert set(srd["reference"]) == {"optimal lr"} and set(srd["comparison"]) == {"sub-optimal lr"}
     assert (r / "figures/lr_transfer.png").stat().st_size > 10_000
+
+
+def test_fine_tuning_figures_are_drawn_within_the_print_targets(ft_workflow, tmp_path, figure_checks):
+    render, check = figure_checks
+    saved = render(ft_workflow, tmp_path, families={"ft_lp", "sensitivity", "lr_transfer"}, reliability=False)
+    check(saved, {"ft_lp_gap", "lr_sensitivity", "srd_lr", "lr_transfer"})
+
+
+def test_fine_tuning_jobs_log_progress_with_an_eta(ft_workflow):
+    logs = ft_workflow / R / "logs"
+    for pattern, needle in (("finetune/*/*/*/seed*.log", "[progress] finetune seed"),
+                            ("finetune/*/*/*/seed*.log", "[progress] linear_aug seed"),
+                            ("sweep/*/*/stage1.log", "[progress] sweep stage 1"),
+                            ("sweep/*/*/stage2.log", "[progress] sweep stage 2")):
+        files = sorted(logs.glob(pattern))
+        assert files, pattern
+        hits = [f for f in files if needle in f.read_text()]
+        assert hits, (pattern, needle, files[0].read_text()[-800:])
+        for f in hits:
+            lines = [ln for ln in f.read_text().splitlines() if ln.startswith(needle)]
+            assert all("ETA" in ln and "elapsed" in ln for ln in lines), lines
+            assert "(100%)" in lines[-1], lines[-1]  # the last epoch / run is reported
+    for f in sorted(logs.rglob("*.log")):
+        last = f.read_text().strip().splitlines()[-1]
+        assert last.startswith("[done] "), (f, last)

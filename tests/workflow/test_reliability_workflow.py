@@ -53,7 +53,7 @@ def run(tmp_path_factory):
     targets = [f"results/reliability/{k}.parquet" for k in KINDS] + [
         "results/reliability/summary_scores.parquet", "results/reliability/subgroup_metrics.parquet",
         "results/reliability/paired_comparisons.parquet", "results/reliability/paired_domains.parquet"]
-    targets += [f"results/figures/reliability/{f}.png" for f in
+    targets += [f"results/figures/reliability/{f}" for f in
                 ("reliability_diagrams", "fairness_gaps", "subgroup_scatter", "transfer")]
     _run(work, *targets)
     return work, targets
@@ -70,10 +70,19 @@ def test_outputs_exist_with_provenance(run):
     work, targets = run
     r = work / "results"
     for t in targets:
-        assert (work / t).is_file() and (work / (t + ".prov.json")).is_file(), t
+        if "/figures/" not in t:
+            assert (work / t).is_file() and (work / (t + ".prov.json")).is_file(), t
     for f in ("reliability_diagrams", "fairness_gaps", "subgroup_scatter", "transfer"):
-        assert (r / f"figures/reliability/{f}.png").stat().st_size > 10_000
-        assert (r / f"figures/reliability/{f}.pdf").is_file()
+        folder = r / f"figures/reliability/{f}"
+        pngs = sorted(folder.glob("*.png"))  # one file per panel group
+        assert pngs and all(p.stat().st_size > 10_000 for p in pngs), f
+        for p in pngs:
+            assert p.with_suffix(".pdf").is_file() and Path(f"{p}.prov.json").is_file(), p
+        assert (folder / "skipped.csv").is_file() and (folder / "skipped.csv.prov.json").is_file()
+    # one file per dataset / harmonised task: two of each here
+    assert sorted(p.stem for p in (r / "figures/reliability/reliability_diagrams").glob("*.png")) == [
+        "phantom", "phantom_siteb"]
+    assert sorted(p.stem for p in (r / "figures/reliability/transfer").glob("*.png")) == ["any_dr_cfp", "gon_cfp"]
     jobs = sorted(p.relative_to(r / "reliability/jobs").as_posix() for p in (r / "reliability/jobs").glob("*/*/*"))
     assert f"transfer/{ENC}/any_dr_cfp" in jobs and f"transfer/{ENC}/gon_cfp" in jobs
     assert f"frozen/{ENC}/phantom_cfp_anydr" in jobs and f"frozen/{ENC}/phantom_siteb_cfp_glaucoma" in jobs
@@ -123,3 +132,10 @@ def test_coverage_scores_and_paired_tables(run):
     sub = pd.read_parquet(r / "reliability/subgroup_metrics.parquet")
     fairness = pytest.importorskip("retinabench.stats.fairness", reason="analysis layer's fairness module absent")
     fairness.check_subgroups(sub)  # the analysis layer's fairness family can read it
+
+
+def test_reliability_figures_are_drawn_within_the_print_targets(run, tmp_path, figure_checks):
+    render, check = figure_checks
+    work, _ = run
+    saved = render(work, tmp_path, families=set())
+    check(saved, {"reliability_diagrams", "fairness_gaps", "subgroup_scatter", "transfer"})

@@ -85,17 +85,32 @@ def work_copy(tiny_workflow, tmp_path_factory):
     return work
 
 
+# Captions of the other report entries: the baselines and skipped tables, and the reliability figures (one
+# caption for the four reliability figure folders, chosen by the figure wildcard).
+OTHER_CAPTIONS = {"baselines": "1. Ranking", "skipped_analyses": "0. Skipped analyses",
+                  "reliability_figure": None}
+
+
 def test_every_caption_file_is_used_by_a_rule():
     from retinabench.analysis.plan import FAMILY_RULES  # the report entries analysis.smk's rules carry
     used = {entry[0] for _, spec in FAMILY_RULES.values() for entry in spec.values()}
+    smk = "".join((REPO / f"workflow/rules/{f}.smk").read_text() for f in ("analysis", "reliability"))
     captions = sorted(p.stem for p in REPORT_DIR.glob("*.rst") if p.stem != "workflow")
-    assert captions and set(captions) == used, (captions, sorted(used))
-    assert set(captions) == set(SECTIONS)
+    assert captions and set(captions) == used | set(OTHER_CAPTIONS), (captions, sorted(used))
+    assert all(f"/{c}.rst" in smk for c in OTHER_CAPTIONS)  # the rules outside the analysis families
+    assert set(captions) == set(SECTIONS) | set(OTHER_CAPTIONS)
+    from retinabench.skipped import SECTIONS as PACKAGE_SECTIONS
+    assert all(PACKAGE_SECTIONS[c] == s for c, s in SECTIONS.items())  # one home for the report's sections
 
 
-def test_report_holds_every_figure_with_its_caption(work_copy, run_snakemake):
+@pytest.fixture(scope="module")
+def report_html(work_copy, run_snakemake):
     run_snakemake(work_copy, "--report", "report.html")
-    html = (work_copy / "report.html").read_text()
+    return work_copy / "report.html"
+
+
+def test_report_holds_every_figure_with_its_caption(work_copy, report_html):
+    html = report_html.read_text()
     results, categories = report_json(html, "results"), report_json(html, "categories")
     expected = expected_report_files(work_copy)
     assert {"results/figures/rank_distribution.png", "results/figures/srd_protocols.png"} <= set(expected)
@@ -111,6 +126,42 @@ def test_report_holds_every_figure_with_its_caption(work_copy, run_snakemake):
         assert section == [SECTIONS[caption]], (path, section)
     assert all(not p.endswith(".pdf") for p in results)  # PDFs are files beside the PNGs, not report entries
     assert "retinabench: frozen-encoder benchmark" in html  # the workflow description
+    # reliability figures: one entry per panel group, fairness ones in the fairness section, with a caption
+    rel = {p: c for c, subs in categories.items() for files in subs.values() for p in files
+           if "/figures/reliability/" in p}
+    assert rel and all(p.endswith(".png") for p in rel)
+    assert {c for p, c in rel.items() if "/fairness_gaps/" in p or "/subgroup_scatter/" in p} == {"5. Fairness"}
+    assert {c for p, c in rel.items() if "/reliability_diagrams/" in p} == {"7. Reliability"}
+    assert all("Selection" in results[p]["caption"] for p in rel)
+    assert "results/skipped_analyses.csv" in categories["0. Skipped analyses"][next(iter(
+        categories["0. Skipped analyses"]))]
+    assert "results/analysis/baselines.csv" in categories["1. Ranking"]["Tables"]
+
+
+def test_report_renders_every_section_in_a_browser(report_html, tmp_path):
+    """The report as a collaborator opens it: headless Chromium, every section's figures decoded and shown."""
+    from retinabench.report_check import BrowserMissing, check_report, find_browser
+    try:
+        find_browser()
+    except BrowserMissing as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"{err}; .ci/run installs them")
+        pytest.skip(str(err))
+    html = report_html.read_text()
+    categories, results = report_json(html, "categories"), report_json(html, "results")
+    check = check_report(report_html, screenshots=tmp_path / "shots")
+    assert check.ok, check.summary()
+    assert set(check.sections) == set(categories)
+    assert {"1. Ranking", "5. Fairness", "7. Reliability", "0. Skipped analyses"} <= set(check.sections)
+    for section, items in check.sections.items():
+        images = [i for i in items if i["mime"].startswith("image/")]
+        assert all(i.get("width", 0) > 0 for i in images), (section, images)
+        for i in images:  # the browser shows the PNG at its own size
+            from PIL import Image
+            assert (i["width"], i["height"]) == Image.open(report_html.parent / i["path"]).size, i
+    assert sum(len(v) for v in check.sections.values()) == len(results)
+    assert len(list((tmp_path / "shots").glob("*.png"))) == sum(
+        i["mime"].startswith("image/") for v in check.sections.values() for i in v)
 
 
 def test_finished_run_plans_nothing(work_copy, run_snakemake):

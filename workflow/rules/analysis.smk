@@ -40,3 +40,49 @@ for _family, _rule_name in AN.families():
             runs=AN.runs,
         script:
             STAGE
+
+
+rule baselines:
+    input:
+        **AN.baselines_inputs(),
+    output:
+        baselines=report(
+            AN.baselines_file,
+            caption="../report/baselines.rst",
+            category=AN.ranking_section,
+            subcategory="Tables",
+            labels={"figure": "baselines", "metric": "all"},
+        ),
+    log:
+        f"{R}/logs/analysis/baselines.log",
+    conda:
+        CORE_ENV
+    params:
+        **AN.baselines_params(),
+        code=P.code("baselines"),
+    script:
+        STAGE
+
+
+# The skipped-analyses table: planned skips (AN.planned_skips, the reliability plan, opt-in layers), every
+# reliability figure job's skipped.csv, the reliability coverage and the fairness table; printed by the
+# Snakefile's onsuccess handler, shown in the report.
+rule skipped_analyses:
+    input:
+        **AN.skipped_inputs(),
+    output:
+        table=report(
+            AN.skipped_table,
+            caption="../report/skipped_analyses.rst",
+            category=AN.skipped_section,
+            labels={"figure": "skipped analyses", "metric": "all"},
+        ),
+    log:
+        f"{R}/logs/analysis/skipped_analyses.log",
+    conda:
+        CORE_ENV
+    params:
+        **AN.skipped_params(),
+        code=P.code("skipped_analyses"),
+    script:
+        STAGE

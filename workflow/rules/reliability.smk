@@ -98,13 +98,14 @@ rule reliability_figure:
     input:
         unpack(lambda wc: {k: f"{REL.root}/{k}.parquet" for k in REL.figures[wc.figure][1]}),
     output:
-        png=report(
-            f"{R}/figures/reliability/{{figure}}.png",
-            category="7. Reliability",
+        dir=report(
+            directory(f"{R}/figures/reliability/{{figure}}"),
+            patterns=["{panel}.png"],
+            caption="../report/reliability_figure.rst",
+            category=REL.report_section,
             subcategory="{figure}",
-            labels={"figure": "{figure}"},
+            labels={"figure": "{figure}", "panel": "{panel}"},
         ),
-        pdf=f"{R}/figures/reliability/{{figure}}.pdf",
     log:
         f"{R}/logs/figures/reliability/{{figure}}.log",
     wildcard_constraints:
@@ -117,5 +118,6 @@ rule reliability_figure:
         reliability={"figures": REL.settings["figures"]},
         protocols=config["protocols"],
         encoders=lambda wc: {e: REG.encoder(e) for e in P.encoders},
+        groups=REL.transfer_groups,
     script:
         STAGE

@@ -208,7 +208,7 @@ def _canonical(value):
 
 @dataclass
 class Family:
-    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep | lr_grid
+    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep | lr_grid | baselines
     encoder_fields: tuple[str, ...] = ()
     task_fields: tuple[str, ...] = ()
     datasets: bool = False
@@ -220,7 +220,8 @@ FAMILIES: dict[str, Family] = {
     "ranks": Family(("metrics",), context=("ranking",), settings=("alternative_metrics", "split")),
     "rank_figures": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
                            settings=("alternative_metrics",)),
-    "tables": Family(("metrics", "ranks"), context=("ranking",), settings=("alternative_metrics", "split")),
+    "tables": Family(("metrics", "ranks", "baselines"), context=("ranking",),
+                     settings=("alternative_metrics", "split")),
     "cd": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
                  settings=("alternative_metrics", "alpha")),
     "protocol_heatmap": Family(("ranks",), ("domain",), context=("ranking", "protocols", "regimes")),
@@ -238,5 +239,6 @@ FAMILIES: dict[str, Family] = {
                        settings=("split", "subgroup_pairs")),
     "sensitivity": Family(("lr_sweep", "ranks"), ("domain", "method", "size_class"),
                           context=("ranking", "protocols", "sweep_tasks"), settings=("alpha", "lr_reference")),
-    "lr_transfer": Family(("lr_grid", "lr_sweep"), ("domain", "size_class"), context=("ranking", "sweep_tasks")),
+    "lr_transfer": Family(("lr_grid", "lr_sweep", "baselines"), ("domain", "size_class"),
+                          context=("ranking", "sweep_tasks")),
 }

@@ -70,8 +70,9 @@ def family_tables(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.ranks import rank_summaries
     from retinabench.stats.tables import appendix_latex, appendix_table, ranking_latex, ranking_table
     order = _order(inputs["ranks"], ctx)
-    app = appendix_table(inputs["metrics"], metric=ctx.metric, split=ctx.split)
-    rank = ranking_table(rank_summaries(inputs["ranks"]), regime=ctx.regime)
+    app = appendix_table(inputs["metrics"], metric=ctx.metric, split=ctx.split, baselines=inputs["baselines"])
+    rank = ranking_table(rank_summaries(inputs["ranks"]), regime=ctx.regime, ranks=inputs["ranks"],
+                         baselines=inputs["baselines"], split=ctx.split)
     return [_write_csv(app, out["appendix_csv"]),
             _write_text(appendix_latex(app, regime=ctx.regime, encoder_order=order), out["appendix_tex"]),
             _write_csv(rank, out["ranking_csv"]),
@@ -85,7 +86,8 @@ def family_cd(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     ranks = inputs["ranks"]
     rows, pairs, paths = [], [], []
     head = ctx.analysis_protocol
-    for m in ctx.metrics:
+    from retinabench.progress import progress
+    for m in progress(ctx.metrics, "Friedman / Nemenyi", unit="ranking metrics"):
         panels = []
         # Tables: every ranked protocol, the analysis protocol marked; the diagram: the analysis protocol.
         for protocol in [head["protocol"], *[p for p in ctx.protocols if p != head["protocol"]]]:
@@ -303,8 +305,12 @@ def family_lr_transfer(inputs: dict, ctx: AnalysisContext, out: dict) -> list[st
         raise ValueError(f"learning-rate transfer needs a sweep task and a check task, got {tasks}")
     table = lr_transfer_table(inputs["lr_grid"], inputs["lr_sweep"], metric=ctx.metric, regime=ctx.regime,
                               sweep_task=tasks["sweep"], check_task=tasks["check"])
+    from retinabench.stats.baselines import select
+    base = select(inputs["baselines"], ctx.metric, "val", ctx.regime)
+    pages = [out["png"]] + [out[k] for k in sorted((k for k in out if k.startswith("png_part")),
+                                                   key=lambda k: int(k[len("png_part"):]))]
     return [_write_csv(table, out["table"]),
-            *lr_transfer_figure(table, ctx.encoders, out["png"],
+            *lr_transfer_figure(table, ctx.encoders, pages, baselines=base,
                                 title=f"Transfer of the chosen learning rate: validation {ctx.metric} over the lr "
                                       f"grid, sweep task {tasks['sweep']} vs {tasks['check']} (regime {ctx.regime})")]
 
@@ -335,6 +341,10 @@ def read_input(kind: str, path: str) -> pd.DataFrame:
         return df
     if kind == "lr_grid":
         return read_table(path, "metrics")
+    if kind == "baselines":
+        from retinabench.stats.baselines import check_baselines
+        return check_baselines(pd.read_csv(path, keep_default_na=False, na_values={"majority": [""],
+                                                                                 "chance": [""]}))
     raise KeyError(f"unknown analysis input kind {kind!r}")
 
 
@@ -345,7 +355,10 @@ def run_family(family: str, inputs: dict[str, pd.DataFrame], ctx: AnalysisContex
     missing = [k for k in FAMILIES[family].inputs if k not in inputs]
     if missing:
         raise KeyError(f"analysis family {family!r} needs input(s) {missing}")
+    from retinabench.progress import Progress
+    bar = Progress(1, f"analysis {family}", unit="family")
     written = FAMILY_FUNCTIONS[family](inputs, ctx, out)
+    bar.update(note=f"{len(written)} files: {', '.join(Path(p).name for p in written)}")
     unexpected = sorted(set(written) - set(out.values()))
     if unexpected:
         raise RuntimeError(f"analysis family {family!r} wrote files it did not declare: {unexpected}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from retinabench.analysis.context import (BALANCED, FAMILIES, UNBALANCED, AnalysisContext)
+from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVITY, SUBSETS
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -22,13 +23,21 @@ def _figure(paths: dict, key: str, base: str) -> None:
     paths[key.replace("png", "pdf", 1)] = f"{base}.pdf"
 
 
-def analysis_outputs(ctx: AnalysisContext, results: str) -> dict[str, dict[str, str]]:
+def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = None) -> dict[str, dict[str, str]]:
     """Per family this config can produce, its named outputs (PNG keys start with ``png``, each with a ``pdf``
-    twin). Families whose inputs the config does not produce are absent (no empty placeholders)."""
+    twin). Families whose inputs the config does not produce are absent (no empty placeholders); each figure or
+    table left out is appended to ``skipped`` (rows of :mod:`retinabench.skipped`) with the reason."""
+    from retinabench.skipped import record
     from retinabench.stats.leakage import high_leakage_datasets, informative_subsets, leakage_subsets
     from retinabench.stats.subsets import task_subsets
+    skipped = [] if skipped is None else skipped
+
+    def skip(output: str, reason: str) -> None:
+        skipped.append(record(output, reason))
+
     R, A, F = results, f"{results}/analysis", f"{results}/figures"
     k, n_tasks = len(ctx.encoders), len(ctx.tasks)
+    n_prot = len(ctx.protocols)
     alts = [m for m in ctx.metrics if m != ctx.metric]
     out: dict[str, dict[str, str]] = {}
     out["ranks"] = {"ranks": f"{A}/ranks.parquet", "summary": f"{A}/rank_summary.csv"}
@@ -45,68 +54,118 @@ def analysis_outputs(ctx: AnalysisContext, results: str) -> dict[str, dict[str, 
         for m in alts:
             _figure(cd, f"png_{m}", f"{F}/cd_diagram_{m}")
         out["cd"] = cd
-    if len(ctx.protocols) >= 2 and any(r in ctx.regimes for r in (UNBALANCED, BALANCED)):
+    else:
+        skip("cd_diagram", f"Friedman test, Nemenyi post-hoc and critical-difference diagrams need >= 3 encoders "
+                           f"and >= 2 tasks; this run has {k} encoder(s) and {n_tasks} task(s)")
+    paired_regime = any(r in ctx.regimes for r in (UNBALANCED, BALANCED))
+    if n_prot >= 2 and paired_regime:
         heat: dict[str, str] = {}
         _figure(heat, "png", f"{F}/protocol_rank_heatmap")
         out["protocol_heatmap"] = heat
+    else:
+        skip("protocol_rank_heatmap", f"needs >= 2 ranked protocols (has {n_prot}) and regime {UNBALANCED} or "
+                                      f"{BALANCED}")
     if k >= 3:
         agree = {"table": f"{A}/rank_agreement.csv"}
-        if len(ctx.protocols) >= 2 and any(r in ctx.regimes for r in (UNBALANCED, BALANCED)):
+        if n_prot >= 2 and paired_regime:
             _figure(agree, "png_protocols", f"{F}/spearman_protocols")
+        else:
+            skip("spearman_protocols", f"needs >= 2 ranked protocols (has {n_prot}) and regime {UNBALANCED} or "
+                                       f"{BALANCED}")
         if len(ctx.regimes) >= 2:
             _figure(agree, "png_regimes", f"{F}/spearman_regimes")
+        else:
+            skip("spearman_regimes", f"needs >= 2 data regimes (has {len(ctx.regimes)})")
         if len(agree) > 1:
             out["agreement"] = agree
+    else:
+        for name in ("spearman_protocols", "spearman_regimes"):
+            skip(name, f"Spearman correlation between encoder rankings needs >= 3 encoders; this run has {k}")
     if k >= 2:
         dist = {"table": f"{A}/signed_rank_distance.csv", "kruskal": f"{A}/kruskal_wallis.csv"}
-        if len(ctx.protocols) >= 2:
+        if n_prot >= 2:
             _figure(dist, "png_protocols", f"{F}/srd_protocols")
+        else:
+            skip("srd_protocols", f"signed rank distances between protocols need >= 2 ranked protocols (has "
+                                  f"{n_prot})")
         if _subset_comparisons_exist(ctx):
             _figure(dist, "png_subsets", f"{F}/srd_subsets")
+        else:
+            skip("srd_subsets", "no task subset (analysis.subsets) leaves tasks on both sides of the comparison")
         if len(dist) > 2:
             out["distance"] = dist
+    else:
+        for name in ("srd_protocols", "srd_subsets"):
+            skip(name, f"signed rank distances need >= 2 encoders; this run has {k}")
     if task_subsets(ctx.tasks, ctx.settings["subsets"]):
         sub = {"table": f"{A}/subset_ranks.csv"}
         _figure(sub, "png", f"{F}/subset_ranks")
         out["subsets"] = sub
+    else:
+        skip("subset_ranks", f"no task matches a subset of analysis.subsets {ctx.settings['subsets']}")
     lsub = leakage_subsets(ctx.tasks, ctx.encoders, ctx.datasets)
     if informative_subsets(lsub, list(ctx.tasks)):
         leak = {"table": f"{A}/leakage.csv"}
         _figure(leak, "png", f"{F}/leakage_rank_change")
         out["leakage"] = leak
+    else:
+        skip("leakage_rank_change", "no leakage subset differs from the full task set (no encoder's pretraining "
+                                    "data includes a benchmark dataset and no dataset has a high web-exposure risk)")
     high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
     if any(m["dataset"] not in high for m in ctx.tasks.values()):
         top = {"table": f"{A}/top_k.csv"}
         _figure(top, "png", f"{F}/top_k")
         out["top_k"] = top
+    else:
+        skip("top_k", f"every task is from a high-leakage dataset ({', '.join(sorted(high))})")
     s = ctx.settings
     run = set(ctx.protocols) | set(ctx.ft_protocols)
-    if s["finetune_protocol"] in run and s["linear_protocol"] in run and \
-            (s["finetune_protocol"] not in ctx.ft_protocols or ctx.regime in ctx.ft_regimes):
-        ft = {"table": f"{A}/ft_lp_gap.csv"}
-        _figure(ft, "png", f"{F}/ft_lp_gap")
-        out["ft_lp"] = ft
+    ft, lp = s["finetune_protocol"], s["linear_protocol"]
+    if ft in run and lp in run and (ft not in ctx.ft_protocols or ctx.regime in ctx.ft_regimes):
+        gap = {"table": f"{A}/ft_lp_gap.csv"}
+        _figure(gap, "png", f"{F}/ft_lp_gap")
+        out["ft_lp"] = gap
+    else:
+        why = (f"{ft} and {lp} were not both run (finetune.enabled false, or a protocol missing)"
+               if not (ft in run and lp in run) else f"fine-tuning does not cover the ranking regime {ctx.regime}")
+        skip("ft_lp_gap", why)
     if ctx.subgroups_path:
         fair = {"table": f"{A}/subgroup_accuracy.csv"}
         _figure(fair, "png", f"{F}/subgroup_accuracy")
         out["fairness"] = fair
+    else:
+        skip("subgroup_accuracy", "no subgroup table (analysis.subgroup_metrics)")
     if ctx.lr_source:
         lr = {"table": f"{A}/lr_sensitivity.csv"}
         _figure(lr, "png", f"{F}/lr_sensitivity")
         if (ctx.lr_encoders or k) >= 2:  # ranks at optimal vs sub-optimal lr need two encoders
             lr["distance"] = f"{A}/lr_signed_rank_distance.csv"
             _figure(lr, "png_srd", f"{F}/srd_lr")
+        else:
+            skip("srd_lr", "ranks at the optimal vs sub-optimal learning rate need >= 2 swept encoders")
         out["sensitivity"] = lr
+    else:
+        for name in ("lr_sensitivity", "srd_lr"):
+            skip(name, "no learning-rate sweep in the ranking regime (finetune.enabled / sweep.enabled false, or "
+                       f"{ctx.regime} not in sweep.regimes)")
     if ctx.lr_source and ctx.lr_grid:
+        from retinabench.figures import lr_transfer_pages
         tr = {"table": f"{A}/lr_transfer.csv"}
         _figure(tr, "png", f"{F}/lr_transfer")
+        for part in range(2, lr_transfer_pages(ctx.lr_encoders or k) + 1):  # one page per 10 swept encoders
+            _figure(tr, f"png_part{part}", f"{F}/lr_transfer_part{part}")
         out["lr_transfer"] = tr
+    else:
+        skip("lr_transfer", "needs the learning-rate sweep and a second fine-tuned task to check the chosen rate "
+                            "on (sweep.sensitivity_task)" if ctx.lr_source else
+                            "no learning-rate sweep (finetune.enabled / sweep.enabled false)")
     return out
 
 
 def family_inputs(family: str, results: str, ctx: AnalysisContext) -> dict[str, str]:
     """Input paths of a family's job."""
-    paths = {"metrics": f"{results}/metrics.parquet", "ranks": f"{results}/analysis/ranks.parquet"}
+    paths = {"metrics": f"{results}/metrics.parquet", "ranks": f"{results}/analysis/ranks.parquet",
+             "baselines": baselines_path(results)}
     if ctx.subgroups_path:
         paths["subgroups"] = str(Path(results) / ctx.subgroups_path)
     if ctx.lr_source:
@@ -116,20 +175,18 @@ def family_inputs(family: str, results: str, ctx: AnalysisContext) -> dict[str, 
     return {k: paths[k] for k in FAMILIES[family].inputs}
 
 
+def baselines_path(results: str) -> str:
+    """The majority-class / chance table (rule ``baselines``, from the splits; stats.baselines)."""
+    return f"{results}/analysis/baselines.csv"
+
+
 def targets(outputs: dict[str, dict[str, str]]) -> list[str]:
     return [p for fam in outputs.values() for p in fam.values()]
 
 
 # family -> (rule name, {output key: (caption, report category, subcategory)}). Keys "png_<metric>" of the
 # ranking families reuse the caption of "png" with a metric label.
-RANKING, PROTOCOLS, SUBSETS, LEAKAGE, FAIRNESS, SENSITIVITY = (
-    "1. Ranking",
-    "2. Protocols",
-    "3. Subsets",
-    "4. Leakage",
-    "5. Fairness",
-    "6. Sensitivity",
-)
+# Sections: retinabench.skipped.SECTIONS (the skipped-analyses table uses the same).
 FAMILY_RULES = {
     "ranks": ("ranks", {}),
     "rank_figures": ("figure_rank_distribution", {"png": ("rank_distribution", RANKING, "Rank distributions")}),

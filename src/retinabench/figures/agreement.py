@@ -2,7 +2,8 @@
 correlation matrices between the encoder rankings of protocols or data regimes."""
 from __future__ import annotations
 
-from retinabench.figures.style import color_ticklabels, domain_legend, save  # noqa: I001 (Agg first)
+from retinabench.figures.style import (FONT, color_ticklabels, domain_legend,  # noqa: I001
+                                       figsize, save, suptitle)
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -16,7 +17,7 @@ def _text_color(cmap, norm, v: float) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
 
 
-def _annotate(ax, values: np.ndarray, fmt: str, cmap, norm, fontsize: float = 7.5) -> None:
+def _annotate(ax, values: np.ndarray, fmt: str, cmap, norm, fontsize: float = FONT["base"]) -> None:
     for (i, j), v in np.ndenumerate(values):
         if v != v:
             ax.text(j, i, "n/a", ha="center", va="center", fontsize=fontsize, color="black")
@@ -37,9 +38,10 @@ def heatmap_panels(panels: dict[str, pd.DataFrame], encoders: dict[str, dict], o
     vmax = np.nanmax(all_values) if vmax is None else vmax
     cmap_obj = plt.get_cmap(cmap)
     norm = Normalize(vmin=vmin, vmax=vmax)
-    label_w = 0.075 * max(len(e) for e in order) + 0.3
+    # ~1.6 mm per label character at 7 pt, ~11 mm per heatmap column, at most double-column width
+    width_mm = 1.6 * max(len(e) for e in order) + 8 + len(panels) * (11 * n_cols + 10) + 20
     fig, axes = plt.subplots(1, len(panels), squeeze=False, sharey=True, layout="constrained",
-                             figsize=(label_w + len(panels) * (0.6 * n_cols + 0.5) + 1.0, 1.9 + 0.24 * n_rows))
+                             figsize=figsize(4.2 * n_rows + 60, min(180.0, max(88.0, width_mm))))
     for ax, (name, m) in zip(axes[0], panels.items()):
         missing = [e for e in order if e not in m.index]
         if missing:
@@ -54,8 +56,8 @@ def heatmap_panels(panels: dict[str, pd.DataFrame], encoders: dict[str, dict], o
     cbar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap_obj), ax=axes[0].tolist(), shrink=0.9)
     cbar.set_label(value_label)
     if title:
-        fig.suptitle(title)
-    domain_legend(fig, encoders, order, loc="outside lower center", ncol=7)
+        suptitle(fig, title)
+    domain_legend(fig, encoders, order)
     paths = save(fig, out_png)
     plt.close(fig)
     return paths
@@ -67,11 +69,16 @@ def spearman_figure(matrices: dict[str, tuple[pd.DataFrame, pd.DataFrame]], out_
     if not matrices:
         raise ValueError("spearman_figure: no matrices")
     n = max(r.shape[0] for r, _ in matrices.values())
-    side = 0.6 * n + 1.0
-    fig, axes = plt.subplots(1, len(matrices), squeeze=False, layout="constrained",
-                             figsize=(len(matrices) * side + 1.4, side + 1.0))
+    label_mm = 1.6 * max(len(str(c)) for r, _ in matrices.values() for c in r.columns)
+    side = min(85.0, 10.0 * n + label_mm + 8)
+    cols = min(len(matrices), max(1, int(170 // side)))
+    rows = -(-len(matrices) // cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False, layout="constrained",
+                             figsize=figsize(rows * (side + 6) + 22, min(180.0, max(88.0, cols * side + 20))))
+    for ax in axes.ravel()[len(matrices):]:
+        ax.set_visible(False)
     im = None
-    for ax, (name, (rho, p)) in zip(axes[0], matrices.items()):
+    for ax, (name, (rho, p)) in zip(axes.ravel(), matrices.items()):
         values = rho.to_numpy(dtype=float).copy()
         np.fill_diagonal(values, np.nan)
         im = ax.imshow(np.ma.masked_invalid(values), cmap="RdBu_r", vmin=-1, vmax=1)
@@ -79,15 +86,15 @@ def spearman_figure(matrices: dict[str, tuple[pd.DataFrame, pd.DataFrame]], out_
             if i == j:
                 continue
             star = "*" if p.iat[i, j] < alpha else ""
-            ax.text(j, i, "n/a" if v != v else f"{v:.2f}{star}", ha="center", va="center", fontsize=8,
+            ax.text(j, i, "n/a" if v != v else f"{v:.2f}{star}", ha="center", va="center", fontsize=FONT["base"],
                     color="white" if v == v and abs(v) > 0.6 else "black")
         ax.set_xticks(range(rho.shape[1]), list(rho.columns), rotation=30, ha="right", rotation_mode="anchor")
         ax.set_yticks(range(rho.shape[0]), list(rho.index))
         ax.set_title(name)
-    cbar = fig.colorbar(im, ax=axes[0].tolist(), fraction=0.04, pad=0.03)
+    cbar = fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.04, pad=0.03)
     cbar.set_label("Spearman ρ")
     sub = f"* p < {alpha:g} (two-sided)" + (f"; {n_encoders} encoders" if n_encoders else "")
-    fig.suptitle(f"{title}\n{sub}" if title else sub, fontsize=10)
+    suptitle(fig, f"{title}; {sub}" if title else sub)
     paths = save(fig, out_png)
     plt.close(fig)
     return paths

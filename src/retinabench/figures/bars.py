@@ -4,8 +4,9 @@ exposure likelihood), top-k rankings and learning-rate sensitivity (coloured by 
 the encoders on the y axis in one shared order."""
 from __future__ import annotations
 
-from retinabench.figures.style import (LIKELIHOOD_COLORS, SIZE_COLORS, color_ticklabels,  # noqa: I001
-                                       domain_handles, encoder_colors, group_color, save, size_color)
+from retinabench.figures.style import (FONT, LIKELIHOOD_COLORS, SIZE_COLORS, color_ticklabels,  # noqa: I001
+                                       domain_handles, encoder_colors, figsize, group_color, save, size_color,
+                                       suptitle)
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,11 +20,13 @@ def _fmt_p(p: float) -> str:
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
-def _panel_grid(n_panels: int, n_enc: int, width: float = 2.6, max_cols: int = 4):
+def _panel_grid(n_panels: int, n_enc: int, max_cols: int = 3):
+    """Encoder-per-row panels at double-column width: up to ``max_cols`` panels side by side, ~3.5 mm per
+    encoder row."""
     cols = min(n_panels, max_cols)
     rows = -(-n_panels // cols)
     fig, axes = plt.subplots(rows, cols, squeeze=False, sharey=True, layout="constrained",
-                             figsize=(1.8 + cols * width, rows * (0.22 * n_enc + 1.3) + 1.0))
+                             figsize=figsize(rows * (3.5 * n_enc + 28) + 22, "double"))
     for ax in axes.ravel()[n_panels:]:
         ax.set_visible(False)
     return fig, axes
@@ -45,11 +48,10 @@ def distance_bars(distances: pd.DataFrame, kruskal: pd.DataFrame, encoders: dict
         raise ValueError("distance_bars: empty distance table")
     if group_by not in distances.columns:
         raise KeyError(f"distance_bars: the distance table has no {group_by!r} column (add it with with_groups)")
-    n_groups = max(distances.groupby("name")[group_by].nunique())
     cols = min(len(names), 3)
     rows = -(-len(names) // cols)
     fig, axes = plt.subplots(rows, cols, squeeze=False, layout="constrained",
-                             figsize=(0.8 + cols * max(3.0, 0.75 * n_groups + 1.4), rows * 3.5 + 0.6))
+                             figsize=figsize(rows * 72 + 22, "double"))
     for ax in axes.ravel()[len(names):]:
         ax.set_visible(False)
     lim = max(0.5, float(np.nanmax(np.abs(distances["distance"])))) * 1.15
@@ -68,22 +70,24 @@ def distance_bars(distances: pd.DataFrame, kruskal: pd.DataFrame, encoders: dict
                        zorder=3)
             if len(d) <= label_points:
                 for off, (enc, v) in zip(offsets, members["distance"].items()):
-                    ax.annotate(enc, (xi + off, v), xytext=(4, 0), textcoords="offset points", fontsize=6,
-                                va="center", zorder=4)
+                    ax.annotate(enc, (xi + off, v), xytext=(3, 0), textcoords="offset points",
+                                fontsize=FONT["base"], va="center", zorder=4, annotation_clip=True)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_ylim(-lim, lim)
-        ax.set_xticks(x, [f"{v}\n(n={n})" for v, n in zip(g["group"], g["n"])], rotation=30, ha="right",
-                      rotation_mode="anchor")
+        ax.set_xticks(x, [f"{v} (n={n})" for v, n in zip(g["group"], g["n"])], rotation=30 if len(g) <= 3 else 90,
+                      ha="right", rotation_mode="anchor")
         kw = kruskal[(kruskal["name"] == name) & (kruskal["group_by"] == group_by)]
         p = _fmt_p(float(kw["p"].iloc[0])) if len(kw) else "n/a"
         note = f" ({kw['note'].iloc[0]})" if len(kw) and isinstance(kw["note"].iloc[0], str) and kw["note"].iloc[0] \
             else ""
-        ax.set_title(f"{name}\nKruskal–Wallis across {GROUP_TITLES.get(group_by, group_by)}: p = {p}{note}",
-                     fontsize=8.5)
-        ax.set_ylabel(f"(rank {ref} − rank {cmp_})/√2\n↑ better relative rank under {cmp_}", fontsize=8)
+        from retinabench.figures.style import wrap
+        width = 180 / cols - 8
+        ax.set_title(wrap(f"{name}\nKruskal–Wallis across {GROUP_TITLES.get(group_by, group_by)}: p = {p}{note}",
+                          width, FONT["base"]), fontsize=FONT["base"])
+        ax.set_ylabel(f"(rank {ref} − rank {cmp_})/√2\n↑ better relative rank under {cmp_}")
         ax.grid(axis="y", alpha=0.3)
     if title:
-        fig.suptitle(title + "\nbars: group mean; points: encoders; groups ordered by size")
+        suptitle(fig, title + "; bars: group mean; points: encoders; groups ordered by size")
     paths = save(fig, out_png)
     plt.close(fig)
     return paths
@@ -96,7 +100,7 @@ def leakage_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, ord
     subsets = list(dict.fromkeys(table["subset"]))
     if not subsets:
         raise ValueError("leakage_bars: empty leakage table")
-    fig, axes = _panel_grid(len(subsets), len(order), width=3.0)
+    fig, axes = _panel_grid(len(subsets), len(order))
     y = np.arange(len(order))
     lim = max(1.0, float(np.abs(table["position_change"]).max())) * 1.15
     for ax, name in zip(axes.ravel(), subsets):
@@ -109,8 +113,8 @@ def leakage_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, ord
         ax.axvline(0, color="black", lw=0.8)
         ax.set_xlim(-lim, lim)
         n, n_all = int(d["n_tasks"].iloc[0]), int(d["n_tasks_all"].iloc[0])
-        ax.set_title(f"{labels.get(name, name)}\n{n} of {n_all} tasks kept", fontsize=9)
-        ax.set_xlabel("position change (all tasks − subset)\n→ improved rank on the subset")
+        ax.set_title(f"{labels.get(name, name)}\n{n} of {n_all} tasks kept")
+        ax.set_xlabel("position change (all − subset)\n→ improved rank on the subset")
         ax.grid(axis="x", alpha=0.3)
     axes[0, 0].set_yticks(y, order)
     axes[0, 0].set_ylim(len(order) - 0.5, -0.5)
@@ -120,7 +124,7 @@ def leakage_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, ord
     fig.legend(handles=[Patch(facecolor=LIKELIHOOD_COLORS[k], label=k) for k in present],
                title="exposure likelihood", frameon=False, loc="outside lower center", ncol=len(present))
     if title:
-        fig.suptitle(title)
+        suptitle(fig, title)
     paths = save(fig, out_png)
     plt.close(fig)
     return paths
@@ -133,10 +137,14 @@ def top_k_panels(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, tit
     if not panels:
         raise ValueError("top_k_panels: empty table")
     k = int(table.groupby("panel").size().max())
-    fig, axes = plt.subplots(1, len(panels), squeeze=False, layout="constrained",
-                             figsize=(1.0 + 3.6 * len(panels), 0.35 * k + 2.0))
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False, layout="constrained",
+                             figsize=figsize(rows * (4.0 * k + 25) + 25, "double"))
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
     xmax = float((table["mean_rank"] + table["sd_rank"].fillna(0)).max()) * 1.1
-    for ax, panel in zip(axes[0], panels):
+    for ax, panel in zip(axes.ravel(), panels):
         d = table[table["panel"] == panel].sort_values(["mean_rank", "encoder"])
         y = np.arange(len(d))
         ax.barh(y, d["mean_rank"], xerr=d["sd_rank"].fillna(0).to_numpy(), color=encoder_colors(encoders, d["encoder"]),
@@ -146,14 +154,16 @@ def top_k_panels(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, tit
             t.set_color(encoder_colors(encoders, [e])[0])
         ax.set_ylim(len(d) - 0.5, -0.5)
         ax.set_xlim(0, xmax)
-        ax.set_xlabel("mean rank ± sd (1 = best)")
+        # two lines when panels share the width: one line is wider than a narrow panel (clipped at the right)
+        ax.set_xlabel("mean rank ± sd (1 = best)" if cols == 1 else "mean rank ± sd\n(1 = best)")
         n = int(d["n_tasks"].iloc[0])
         ax.set_title(f"{titles.get(panel, panel)} ({n} task{'s' if n != 1 else ''})")
         ax.grid(axis="x", alpha=0.3)
-    fig.legend(handles=domain_handles(encoders, table["encoder"].unique()), title="pretraining domain",
-               frameon=False, loc="outside lower center", ncol=7)
+    handles = domain_handles(encoders, table["encoder"].unique())
+    fig.legend(handles=handles, title="pretraining domain", frameon=False, loc="outside lower center",
+               ncol=min(len(handles), 7))
     if title:
-        fig.suptitle(title)
+        suptitle(fig, title)
     paths = save(fig, out_png)
     plt.close(fig)
     return paths
@@ -166,7 +176,7 @@ def sensitivity_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *,
     ``protocol``; a single panel without it)."""
     table = table if "protocol" in table.columns else table.assign(protocol="")
     protocols = list(dict.fromkeys(table["protocol"]))
-    fig, axes = _panel_grid(len(protocols), len(order), width=3.2)
+    fig, axes = _panel_grid(len(protocols), len(order))
     y = np.arange(len(order))
     for ax, protocol in zip(axes.ravel(), protocols):
         d = table[table["protocol"] == protocol].set_index("encoder").reindex(order)
@@ -174,18 +184,19 @@ def sensitivity_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *,
                 color=[size_color(encoders.get(e, {}).get("size_class")) for e in order], edgecolor="0.3",
                 linewidth=0.5, height=0.7, error_kw={"lw": 0.8, "capsize": 2})
         for yy in y[d["mean_drop"].isna().to_numpy()]:
-            ax.text(0, yy, " not swept", va="center", fontsize=7, color="#666666")
+            ax.text(0, yy, " not swept", va="center", color="#666666")
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_xlabel(xlabel)
-        ax.set_title(protocol, fontsize=9)
+        from retinabench.figures.style import wrap
+        ax.set_xlabel(wrap(xlabel, 170 / len(axes.ravel()) - 10))
+        ax.set_title(protocol)
         ax.grid(axis="x", alpha=0.3)
     axes[0, 0].set_yticks(y, order)
     axes[0, 0].set_ylim(len(order) - 0.5, -0.5)
     present = {encoders.get(e, {}).get("size_class") for e in order}
     fig.legend(handles=[Patch(facecolor=SIZE_COLORS[k], edgecolor="0.3", label=k) for k in SIZE_COLORS
-                        if k in present], title="model size", frameon=False, loc="outside lower center", ncol=5)
+                        if k in present], title="model size", frameon=False, loc="outside lower center", ncol=6)
     if title:
-        fig.suptitle(title)
+        suptitle(fig, title)
     paths = save(fig, out_png)
     plt.close(fig)
     return paths

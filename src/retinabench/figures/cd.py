@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from retinabench.figures.style import DOMAIN_COLORS, domain_legend, encoder_domain, save  # noqa: I001 (Agg first)
+from retinabench.figures.style import (DOMAIN_COLORS, FONT, domain_legend, encoder_domain,  # noqa: I001
+                                       figsize, save, suptitle, wrap)
 
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
@@ -26,8 +27,7 @@ def cd_figure(panels: list[CDPanel], encoders: dict[str, dict], out_png, *, alph
     if not panels:
         raise ValueError("cd_figure: no panels")
     names = sorted(set().union(*[set(p.mean_rank.index) for p in panels]))
-    k_max = max(len(p.mean_rank) for p in panels)
-    fig = plt.figure(figsize=(max(7.0, 0.16 * k_max + 6.0), 1.0))
+    fig = plt.figure(figsize=figsize(40, "double"), layout="constrained")
     gs = fig.add_gridspec(len(panels), 1)
     spans = []
     for i, panel in enumerate(panels):
@@ -37,26 +37,25 @@ def cd_figure(panels: list[CDPanel], encoders: dict[str, dict], out_png, *, alph
         sp.critical_difference_diagram(panel.mean_rank, panel.p_values, alpha=alpha, ax=ax,
                                        hue=hue, color_palette=palette,
                                        label_fmt_left="{label} ({rank:.2f})", label_fmt_right="({rank:.2f}) {label}",
-                                       label_props={"fontsize": 8}, crossbar_props={"color": "black"})
+                                       label_props={"fontsize": FONT["base"]}, crossbar_props={"color": "black"})
         k = len(panel.mean_rank)
         # The CD bar (drawn here, above the tick labels, rather than by scikit-posthocs on top of them).
         ax.plot([1, 1 + panel.cd], [2.0, 2.0], color="black", lw=2, clip_on=False)
         ax.plot([1, 1], [1.8, 2.2], color="black", lw=1, clip_on=False)
         ax.plot([1 + panel.cd, 1 + panel.cd], [1.8, 2.2], color="black", lw=1, clip_on=False)
-        ax.text(1 + panel.cd + 0.15, 2.0, f"CD = {panel.cd:.2f} (α = {alpha:g})", va="center", fontsize=8)
+        ax.text(1 + panel.cd + 0.15, 2.0, f"CD = {panel.cd:.2f} (α = {alpha:g})", va="center")
         y0, _ = ax.get_ylim()
         ax.set_ylim(y0 - 0.3, 2.6)
         ax.set_xlim(0.5, k + 0.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(k, 18)))
-        ax.set_title(panel.title, fontsize=10, pad=4)
+        ax.set_title(wrap(panel.title, 170), pad=4)
         spans.append(2.9 - y0)
     gs.set_height_ratios(spans)
-    height = 0.2 * sum(spans) + 0.45 * len(panels) + 1.0
-    fig.set_size_inches(fig.get_size_inches()[0], height)
+    # ~4.5 mm per label row (scikit-posthocs stacks half the encoders on each side), title and legend rows
+    fig.set_size_inches(*figsize(4.8 * sum(spans) + 14 * len(panels) + 28, "double"))
     if title:
-        fig.suptitle(title)
-    domain_legend(fig, encoders, names, loc="lower center", ncol=7, bbox_to_anchor=(0.5, 0.0))
-    fig.tight_layout(rect=(0, 0.55 / height, 1, 1 - (0.35 / height if title else 0)), h_pad=1.5)
+        suptitle(fig, title)
+    domain_legend(fig, encoders, names)
     paths = save(fig, out_png)
     plt.close(fig)
     return paths

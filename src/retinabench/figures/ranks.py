@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import matplotlib.pyplot as plt
 
-from retinabench.figures.style import color_ticklabels, domain_color, domain_legend, save
+from retinabench.figures.style import color_ticklabels, domain_color, domain_legend, figsize, save, suptitle
 
 
 def rank_distribution_figure(ranks: pd.DataFrame, encoders: dict[str, dict], out_png, *, regime: str = "u-u",
@@ -29,8 +29,10 @@ def rank_distribution_figure(ranks: pd.DataFrame, encoders: dict[str, dict], out
     present = set(data["protocol"])
     protocols = [p for p in (protocols or sorted(present)) if p in present]
     n_enc = data["encoder"].nunique()
-    fig, axes = plt.subplots(len(protocols), 1, figsize=(max(4.0, 0.45 * n_enc + 2.5), 2.8 * len(protocols)),
-                             squeeze=False)
+    # double column; per protocol a panel of ~55 mm plus room for the (rotated) encoder names
+    label_mm = 2.0 * max(len(str(e)) for e in data["encoder"].unique()) * (0.75 if n_enc <= 12 else 1.0)
+    fig, axes = plt.subplots(len(protocols), 1, squeeze=False, layout="constrained",
+                             figsize=figsize(len(protocols) * (55 + label_mm) + 25, "double"))
     rng = np.random.default_rng(0)  # jitter only; fixed so the figure is reproducible
     for ax, protocol in zip(axes[:, 0], protocols):
         d = data[data["protocol"] == protocol]
@@ -49,17 +51,15 @@ def rank_distribution_figure(ranks: pd.DataFrame, encoders: dict[str, dict], out
         ax.scatter(xs, np.concatenate(values), s=12, c=list(colors), zorder=3)
         means = np.array([v.mean() for v in values])
         ax.hlines(means, pos - 0.3, pos + 0.3, color="black", lw=2, zorder=4)
-        ax.set_xticks(pos, order, rotation=35, ha="right", rotation_mode="anchor")
+        ax.set_xticks(pos, order, rotation=35 if n_enc <= 12 else 90, ha="right", rotation_mode="anchor")
         color_ticklabels(ax.get_xticklabels(), encoders)
         ax.set_ylabel("rank (1 = best)")
         ax.set_ylim(data["n_encoders"].max() + 0.5, 0.5)
-        ax.set_title(f"{protocol} — regime {regime}, {d['task'].nunique()} tasks", fontsize=10)
+        ax.set_title(f"{protocol} — regime {regime}, {d['task'].nunique()} tasks")
         ax.grid(axis="y", alpha=0.3)
     if title:
-        fig.suptitle(title)
-    domain_legend(axes[0, 0], encoders, sorted(data["encoder"].unique()), loc="upper left",
-                  bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+        suptitle(fig, title)
+    domain_legend(fig, encoders, sorted(data["encoder"].unique()))
     paths = save(fig, out_png)
     plt.close(fig)
     return paths

@@ -12,15 +12,21 @@ from retinabench.pipeline.registry import STAGES, stage
 
 
 def run_stage(rule: str, job: Job) -> None:
-    """Run the stage of ``rule`` on ``job``; on any failure, no sidecar or temporary file of its outputs is left."""
-    from retinabench.pipeline.job import remove_leftovers
+    """Run the stage of ``rule`` on ``job``; on any failure, no sidecar or temporary file of its outputs is left;
+    on success the last line printed is the job's ``[done]`` summary (:func:`~retinabench.pipeline.job.job_summary`)."""
+    import time
+
+    from retinabench.pipeline.job import job_summary, remove_leftovers
     fn = STAGES.get(rule)
     remove_leftovers(job)
+    start = time.perf_counter()
     try:
         fn(job)
     except BaseException:
         remove_leftovers(job)
         raise
+    # The log's last line (stdout is the job's log inside Snakemake): what was written, how much, how long.
+    print(job_summary(job.rule, job.wildcards, job.outputs_flat(), time.perf_counter() - start), flush=True)
 
 
 __all__ = ["STAGES", "Job", "run_stage", "stage", "write_outputs"]

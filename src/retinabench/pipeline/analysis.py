@@ -36,3 +36,30 @@ def family_stage(family: str) -> Callable[[Job], None]:
 
 for _family in FAMILY_FUNCTIONS:
     stage(FAMILY_RULES[_family][0])(family_stage(_family))
+
+
+@stage("baselines")
+def stage_baselines(job: Job) -> None:
+    """Majority-class and chance levels of every task, regime and split (stats.baselines), from the splits."""
+    from retinabench.stats.baselines import baselines_table
+    tasks = job.params["tasks"]
+    splits = {}
+    for path in job.input["splits"]:
+        split = read_table(path, "split")
+        for name in split["task"].unique():
+            splits[str(name)] = split
+    table = baselines_table(splits, tasks, list(job.params["regimes"]))
+    write_outputs(job, {"baselines": table}, config={"regimes": job.params["regimes"]},
+                  extra={"registry_fields": {"tasks": tasks}, "doc": "retinabench.stats.baselines"})
+
+
+@stage("skipped_analyses")
+def stage_skipped_analyses(job: Job) -> None:
+    """The skipped-analyses table (retinabench.skipped): planned skips, figure jobs' records, reliability."""
+    from retinabench import skipped
+    figure_tables = dict(job.params["figure_tables"])
+    table = skipped.collect(job.params["planned"], figure_tables, coverage=job.input.get("coverage"),
+                            subgroup_table=job.input.get("subgroup_table"), produced=job.params["produced"])
+    inputs = [*figure_tables.values(), *(job.input[k] for k in ("coverage", "subgroup_table") if k in job.input)]
+    write_outputs(job, {"table": table}, inputs=inputs,  # files (the figure inputs are folders)
+                  config={"planned": job.params["planned"]}, extra={"n_skipped": int(len(table))})

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from retinabench.progress import hms
 from retinabench.provenance import sidecar_path, write_sidecar
 
 
@@ -27,6 +28,12 @@ class Job:
         out: list[str] = []
         for v in self.input.values():
             out.extend([v] if isinstance(v, str) else list(v))
+        return out
+
+    def outputs_flat(self) -> list[str]:
+        out: list[str] = []
+        for v in self.output.values():
+            out.extend([str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v])
         return out
 
 
@@ -102,3 +109,50 @@ def announce(text: str) -> None:
     console = sys.__stderr__
     if console is not None and console is not sys.stdout:
         print(text, file=console, flush=True)
+
+
+# The last line of every job's log (run_stage prints it): what was written, how much, how long.
+SUMMARY_PREFIX = "[done]"
+_LISTED = 6  # outputs named in the summary line; the rest are counted
+
+
+def describe_output(path) -> str:
+    """What a written output holds, briefly: rows of a table, pixels of a figure, files of a folder, else bytes.
+    Read from metadata only (a Parquet footer, a PNG header), so a summary of a large output costs nothing."""
+    p = Path(path)
+    if p.is_dir():
+        files = [f for f in p.rglob("*") if f.is_file() and not f.name.endswith(".prov.json")]
+        return f"{p}/ ({len(files)} files)"
+    if not p.exists():
+        return f"{p} (not written)"
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+            return f"{p} ({pq.read_metadata(p).num_rows} rows)"
+        if suffix in (".csv", ".tsv"):
+            sep = "," if suffix == ".csv" else "\t"
+            if p.stat().st_size == 0:
+                return f"{p} (empty file)"
+            return f"{p} ({len(pd.read_csv(p, sep=sep, dtype=str))} rows)"
+        if suffix == ".png":
+            from PIL import Image
+            with Image.open(p) as im:
+                return f"{p} ({im.width}x{im.height} px)"
+    except Exception as err:  # the summary must not fail a finished job; say what could not be read
+        return f"{p} ({p.stat().st_size} bytes; unreadable as {suffix}: {type(err).__name__})"
+    return f"{p} ({p.stat().st_size} bytes)"
+
+
+def job_summary(rule: str, wildcards: dict, outputs, seconds: float) -> str:
+    """One line ending a job's log: the rule and wildcards, what it wrote (rows / pixels / files) and how long it
+    took, e.g. ``[done] frozen (encoder=resnet18, task=t): wrote results/predictions/frozen/resnet18/t.parquet
+    (1440 rows) in 0:00:12``."""
+    outs = [str(o) for o in outputs]
+    named = [describe_output(o) for o in outs[:_LISTED]]
+    if len(outs) > _LISTED:
+        named.append(f"{len(outs) - _LISTED} more")
+    where = ", ".join(f"{k}={v}" for k, v in wildcards.items())
+    return (f"{SUMMARY_PREFIX} {rule}" + (f" ({where})" if where else "") +
+            f": wrote {len(outs)} output(s): {'; '.join(named) or 'nothing'} in {hms(seconds)} "
+            f"({seconds:.1f} s)")

@@ -100,15 +100,24 @@ def stage_reliability_paired(job) -> None:
 
 @stage("reliability_figure")
 def stage_reliability_figure(job) -> None:
-    from retinabench.figures import reliability as figs
+    """One reliability figure as a folder of panel groups (figures/reliability.py) plus ``skipped.csv``: the groups
+    and rows left out for lack of data, with the reason (collected into the skipped-analyses table)."""
+    import shutil
+
+    from retinabench import skipped as skip_table
+    from retinabench.figures.reliability import FIGURES
     settings, which = job.params["reliability"], job.params["figure"]
     protocols = job.params["protocols"]
     # default: the linear probe (calibrated probabilities; kNN votes are coarse), else the first protocol run
     default = "linear" if "linear" in protocols else protocols[0]
     sel = {**settings["figures"], "protocol": settings["figures"]["protocol"] or default}
     tables = {k: pd.read_parquet(v) for k, v in job.input.items()}
-    encoders = job.params["encoders"]
-    fn = {"reliability_diagrams": figs.reliability_diagrams, "fairness_gaps": figs.gap_plot,
-          "subgroup_scatter": figs.subgroup_scatter, "transfer": figs.transfer_bars}[which]
-    paths = fn(tables, encoders, job.output["png"], sel)
-    write_outputs(job, written=paths, config={"reliability": {"figures": sel}}, extra={"figure": which})
+    out_dir = Path(job.output["dir"])
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # a rerun must not keep panel groups that no longer have data
+    out_dir.mkdir(parents=True)
+    paths, skipped = FIGURES[which](tables, job.params["encoders"], out_dir, sel, groups=job.params.get("groups"))
+    rows = [skip_table.record(which, r["reason"], part=r["part"], n=r["n"], source="figure") for r in skipped]
+    paths.append(write_artifact(skip_table.frame(rows), out_dir / "skipped.csv"))
+    write_outputs(job, written=paths, config={"reliability": {"figures": sel}},
+                  extra={"figure": which, "panel_groups": sorted(Path(p).stem for p in paths if p.endswith(".png"))})

@@ -462,6 +462,8 @@ def fit(trainer: Trainer, train_ds: CachedImageDataset, val_ds: CachedImageDatas
         sampler = StreamBatchSampler(len(train_ds), cfg.batch_size, trainer.seed,
                                      start_epoch * cfg.steps_per_epoch, cfg.total_steps)
         batches = iter(_loader(train_ds, sampler, num_workers=workers, pin=pin, seed=trainer.seed))
+        from retinabench.progress import Progress
+        bar = Progress(cfg.epochs - start_epoch, f"{trainer.protocol} seed {trainer.seed}", unit="epochs")
         for epoch in range(start_epoch, cfg.epochs):
             t0 = time.perf_counter()
             running = torch.zeros((), device=dev)
@@ -497,6 +499,8 @@ def fit(trainer: Trainer, train_ds: CachedImageDataset, val_ds: CachedImageDatas
                     "model": trainer.trainable_state(), "optimizer": trainer.optimizer.state_dict(),
                     "scheduler": trainer.scheduler.state_dict(), "best_loss": best_loss, "best_state": best_state,
                     "best_epoch": best_epoch, "log": history, "compute": acc, "rng": _rng_state(dev)})
+            bar.update(note=f"epoch {epoch}: train loss {train_loss:.4f}, val loss {val_loss:.4f}, best epoch "
+                            f"{best_epoch}")
             if on_epoch_end is not None:
                 on_epoch_end(epoch)
             if diverged:

@@ -39,6 +39,9 @@ def run_frozen(ids: pd.Index, feats: np.ndarray, split: pd.DataFrame, task: dict
     id_to_row = {image_id: i for i, image_id in enumerate(ids)}
     preds, logs = [], []
     train_regimes = sorted({r.split("-")[0] for r in regimes})
+    from retinabench.progress import Progress
+    bar = Progress(len(train_regimes) * sum(1 if spec.deterministic else len(seeds) for spec in specs),
+                   f"frozen probes {encoder}/{task['name']}", unit="fits")
     for train_regime in train_regimes:
         bal = train_regime == "b"
         tr, tr_idx = _rows(split, id_to_row, "train", bal)
@@ -64,6 +67,7 @@ def run_frozen(ids: pd.Index, feats: np.ndarray, split: pd.DataFrame, task: dict
                                                    split="val", **common))
                     preds.append(predictions_frame(rows["image_id"], rows["y"], proba, classes, split="test",
                                                    **common))
+                bar.update(note=f"{protocol} seed {seed}, training data {train_regime}")
     log_df = pd.concat(logs, ignore_index=True) if logs else pd.DataFrame(
         columns=["encoder", "task", "protocol", "seed", "train_regime", "epoch", "step", "lr", "train_loss",
                  "val_loss", "best"])

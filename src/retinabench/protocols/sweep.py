@@ -68,11 +68,15 @@ def run_sweep_stage(stage: int, array_path, index: pd.DataFrame, split: pd.DataF
     if stage == 2 and lr_classifier is None:
         raise ValueError("sweep stage 2 needs the lr_classifier chosen by stage 1")
     encoder = build_encoder(encoder_entry)
+    from retinabench.progress import Progress
     metrics, runs = [], []
+    bar = Progress(len(grid) * len(seeds), f"sweep stage {stage} {encoder_entry['name']}/{task['name']}",
+                   unit="runs")
     for lr in grid:
         lrs = {"lr_classifier": lr} if stage == 1 else {"lr_encoder": lr, "lr_classifier": lr_classifier}
         run_cfg = dataclasses.replace(cfg, **lrs)
         for seed in seeds:
+            bar_note = f"{lr_name}={lr:g} seed {seed}"
             where = Path(ckpt_dir) / f"{lr_name}_{lr:g}" / f"seed{seed}" if ckpt_dir else None
             try:
                 out = run_finetune(array_path, index, split, task, encoder_entry, protocol=protocol, seed=seed,
@@ -85,11 +89,13 @@ def run_sweep_stage(stage: int, array_path, index: pd.DataFrame, split: pd.DataF
                     runs.append({"encoder": encoder_entry["name"], "task": task["name"], "protocol": protocol,
                                  "seed": seed, "train_regime": train_regime, "best_val_loss": np.inf,
                                  "best_epoch": -1, "diverged": True, "train_seconds": np.nan, **lrs})
+                bar.update(note=f"{bar_note}: diverged")
                 continue
             m = metrics_table(out.predictions, {task["name"]: task})
             metrics.append(m.assign(lr=lr, lr_name=lr_name, stage=stage))
             runs.extend(out.compute[["encoder", "task", "protocol", "seed", "train_regime", "best_val_loss",
                                      "best_epoch", "diverged", "train_seconds"]].assign(**lrs).to_dict("records"))
+            bar.update(note=bar_note)
     runs_df = pd.DataFrame(runs)
     runs_df = runs_df.assign(stage=stage, lr_name=lr_name, lr=runs_df[lr_name],
                              lr_encoder=runs_df.get("lr_encoder", np.nan))[RUNS_COLUMNS]

@@ -129,7 +129,10 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
     n_boot, level, boot_unit = int(boot["n_boot"]), float(boot["level"]), boot["unit"]
     out: dict[str, list] = {k: [] for k in KINDS}
     cov = Coverage()
-    for unit_key, unit in preds.groupby(UNIT_KEYS, sort=True):
+    from retinabench.progress import progress
+    units = preds.groupby(UNIT_KEYS, sort=True)
+    for unit_key, unit in progress(units, f"reliability {source}", total=units.ngroups, unit="models",
+                                   note=lambda u: " ".join(map(str, u[0][3:]))):
         ukeys = dict(zip(UNIT_KEYS, unit_key))
         classes = list(tasks[ukeys["train_task"]]["classes"])
         pcols = [f"p_{c}" for c in classes]

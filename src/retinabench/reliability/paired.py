@@ -86,7 +86,10 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     pairs = comparison_pairs(preds, settings, encoder_order)
     pid = manifest.set_index(["dataset", "image_id"])["patient_id"]
     rows, reps_of = [], {}
-    for (train_task, task), tp in preds.groupby(["train_task", "task"], sort=True):
+    from retinabench.progress import progress
+    cells = preds.groupby(["train_task", "task"], sort=True)
+    for (train_task, task), tp in progress(cells, "paired bootstrap comparisons", total=cells.ngroups,
+                                           unit="(training, test) task cells", note=lambda c: c[0][1]):
         classes = list(tasks[task]["classes"])
         pcols = [f"p_{c}" for c in classes]
         train_dataset = str(tp["train_dataset"].iloc[0])
@@ -155,7 +158,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     drows = []
     done = comp[~comp["skipped"].astype(bool)] if "skipped" in comp else comp.iloc[0:0]
     mk = [f"{k}_{s}" for s in ("a", "b") for k in MODEL_KEYS]
-    for field in fields if len(done) else []:
+    for field in progress(fields if len(done) else [], "domain-level bootstrap", unit="domain fields"):
         if field == SHIFT_FIELD:
             grouped = done.assign(domain=done["setting"])
         else:

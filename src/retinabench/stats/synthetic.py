@@ -143,3 +143,24 @@ def synthetic_sweep(encoders: dict[str, dict], tasks: list[str], *, seed: int = 
                                      "value_suboptimal_sd": float(np.std(sub, ddof=1)), "n_suboptimal": len(sub),
                                      "n_diverged": 0, "drop": opt - float(np.mean(sub))})
     return pd.DataFrame(grid), pd.DataFrame(sens)
+
+
+def synthetic_baselines(tasks: dict[str, dict], *, regimes=("u-u", "b-b"), splits=("val", "test"), n: int = 200,
+                        seed: int = 0) -> pd.DataFrame:
+    """A baselines table (stats.baselines.COLUMNS) for synthetic binary tasks: majority shares 0.5–0.8."""
+    from retinabench.stats.baselines import COLUMNS, chance_levels
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t, m in tasks.items():
+        share = float(np.round(rng.uniform(0.5, 0.8), 3))
+        for regime in regimes:
+            s = 0.5 if regime.endswith("-b") else share
+            chance = chance_levels(np.array([s, 1 - s]))
+            majority = {"accuracy": s, "balanced_accuracy": 0.5, "auroc": 0.5, "auprc": 1 - s,
+                        "f1_macro": s / (1 + s), "kappa": 0.0, "ece": 0.0, "ece_top_label": 0.0}
+            for split in splits:
+                for metric in ALL_METRICS:
+                    rows.append({"dataset": m["dataset"], "task": t, "regime": regime, "split": split,
+                                 "metric": metric, "majority": majority[metric], "chance": chance[metric], "n": n,
+                                 "n_classes": 2, "majority_class": "no", "majority_share": s})
+    return pd.DataFrame(rows, columns=COLUMNS)

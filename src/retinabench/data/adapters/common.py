@@ -65,8 +65,11 @@ def finish_manifest(df: pd.DataFrame, root: Path, label_columns: list[str], thre
     bad_mod = sorted(set(df["modality"]) - set(MODALITIES))
     if bad_mod:
         raise ValueError(f"manifest for {root}: unknown modality values {bad_mod}; allowed {MODALITIES}")
+    from retinabench.progress import progress
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        df = df.assign(sha256=list(pool.map(lambda rel: sha256_file(root / rel), df["path"])))
+        hashes = pool.map(lambda rel: sha256_file(root / rel), df["path"])
+        df = df.assign(sha256=list(progress(hashes, f"manifest {root.name}: sha256 of each image",
+                                            total=len(df), unit="images")))
     for col in MANIFEST.names:
         if col not in df.columns:
             df[col] = None

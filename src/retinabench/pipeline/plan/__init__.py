@@ -26,7 +26,7 @@ class WorkflowPlan(CorePlan):
         self.finetune = FinetunePlan(self)
         self.interfaces = InterfacesPlan(self)
         self.reliability = ReliabilityPlan(self, self.prediction_files)
-        self.analysis = AnalysisPlan(self, self.metrics_files)
+        self.analysis = AnalysisPlan(self, self.metrics_files, self.reliability)
         self.saliency = SaliencyPlan(self, self.finetune)
         self.compute = ComputePlan(self, self.finetune)
         from retinabench.data.raw_state import RawState

@@ -2,19 +2,27 @@
 can produce (retinabench.analysis.plan decides which, from the config alone)."""
 from __future__ import annotations
 
+from retinabench import skipped as skip_table
 from retinabench.analysis import AnalysisContext, analysis_outputs, family_inputs
-from retinabench.analysis.plan import FAMILY_RULES
+from retinabench.analysis.plan import FAMILY_RULES, baselines_path
 from retinabench.pipeline.plan.core import CorePlan
 
 
 class AnalysisPlan:
-    def __init__(self, core: CorePlan, metrics_files):
-        """``metrics_files()``: the per-job metrics tables of every protocol (collect_metrics concatenates them)."""
-        self.core, self.metrics_files = core, metrics_files
+    ranking_section = skip_table.RANKING  # report sections (retinabench.skipped.SECTIONS)
+    skipped_section = skip_table.SKIPPED_SECTION
+
+    def __init__(self, core: CorePlan, metrics_files, reliability):
+        """``metrics_files()``: the per-job metrics tables of every protocol (collect_metrics concatenates them);
+        ``reliability``: the reliability plan (its figures and coverage feed the skipped-analyses table)."""
+        self.core, self.metrics_files, self.reliability = core, metrics_files, reliability
         c = core.config
         self.context = AnalysisContext.from_config(c, core.reg, encoders=core.encoders, tasks=core.tasks,
                                                    datasets=core.datasets)
-        self.outputs = analysis_outputs(self.context, core.R)
+        self.planned_skips: list[dict] = []  # figures and tables this config cannot produce, with the reason
+        self.outputs = analysis_outputs(self.context, core.R, self.planned_skips)
+        self.baselines_file = baselines_path(core.R)
+        self.skipped_table = f"{core.R}/skipped_analyses.csv"
         # What the captions say the figures come from (the provenance sidecars hold the file-level chain).
         self.runs = (f"{len(core.encoders)} encoders ({', '.join(core.encoders)}); {len(core.tasks)} tasks "
                      f"({', '.join(core.tasks)}); protocols {', '.join(c['protocols'])}; seeds "
@@ -38,7 +46,10 @@ class AnalysisPlan:
         out = {}
         for key, path in self.outputs[family].items():
             metric = key[len("png_"):] if key.startswith("png_") and key not in spec else None
-            entry = spec.get(key) or (spec.get("png") if metric else None)
+            if metric and metric.startswith("part"):  # a further page of a long figure (lr_transfer_part2, ...)
+                metric, entry = None, spec.get("png")
+            else:
+                entry = spec.get(key) or (spec.get("png") if metric else None)
             if entry is None:
                 out[key] = path
                 continue
@@ -47,6 +58,37 @@ class AnalysisPlan:
                               labels={"figure": caption.replace("_", " "), "metric": metric or self.context.metric})
         return out
 
+    # -- baselines (majority class / chance beside every headline number) -------------------------------------
+    def baselines_inputs(self) -> dict:
+        return {"splits": [self.core.task_split(t) for t in self.core.tasks]}
+
+    def baselines_params(self) -> dict:
+        return {"tasks": {t: self.core.reg.task(t) for t in self.core.tasks}, "regimes": self.core.config["regimes"]}
+
+    # -- the skipped-analyses table ---------------------------------------------------------------------------
+    def skipped_inputs(self) -> dict:
+        rel = self.reliability
+        out = {"figures": rel.figure_targets(), "coverage": f"{rel.root}/coverage.parquet"}
+        if "fairness" in self.outputs:
+            out["subgroup_table"] = self.outputs["fairness"]["table"]
+        return out
+
+    def produced(self) -> list[str]:
+        """Names (retinabench.skipped.SECTIONS keys) of every figure and table this config produces."""
+        names = []
+        for family, outputs in self.outputs.items():
+            spec = FAMILY_RULES[family][1]
+            names += [spec[k][0] for k in outputs if k in spec]
+        return names + self.reliability.figure_names() + ["baselines"]
+
+    def skipped_params(self) -> dict:
+        rel = self.reliability
+        return {"planned": self.planned_skips + rel.skipped() + skip_table.optional_layers(self.core.config),
+                "figure_tables": {f: f"{rel.figure_dir(f)}/skipped.csv" for f in rel.figure_names()},
+                "produced": self.produced()}
+
     def targets(self) -> list[str]:
-        """Analysis outputs requested by `all` (only those whose inputs this config produces)."""
-        return [path for outputs in self.outputs.values() for path in outputs.values()]
+        """Analysis outputs requested by `all` (only those whose inputs this config produces), the baselines and the
+        skipped-analyses table."""
+        return ([path for outputs in self.outputs.values() for path in outputs.values()]
+                + [self.baselines_file, self.skipped_table])

@@ -6,7 +6,9 @@ from retinabench.pipeline.plan.core import CorePlan, alternatives
 from retinabench.reliability.evaluation import KINDS
 from retinabench.settings import reliability_settings
 
-# figure -> (settings section it reads, the collected tables it draws)
+# figure -> (settings section it reads, the collected tables it draws). Each figure is a folder of panel groups
+# (one file per dataset / attribute / harmonised task, figures/reliability.py) plus skipped.csv (groups left out
+# for lack of data, and why; collected into the skipped-analyses table).
 FIGURES = {"reliability_diagrams": ("calibration", ["bins", "calibration"]),
            "fairness_gaps": ("fairness", ["gaps"]),
            "subgroup_scatter": ("fairness", ["subgroups"]),
@@ -75,9 +77,29 @@ class ReliabilityPlan:
                 out.setdefault(source, []).append(path)
         return out
 
+    def figure_names(self) -> list[str]:
+        """The figures this config draws (transfer needs a harmonised task shared by two selected datasets)."""
+        return [f for f in FIGURES if f != "transfer" or self.transfer_groups]
+
+    @staticmethod
+    def report_section(wc) -> str:
+        """The report section of a figure job (retinabench.skipped.SECTIONS; a wildcards callable)."""
+        from retinabench.skipped import SECTIONS
+        return SECTIONS[wc.figure]
+
+    def figure_dir(self, figure: str) -> str:
+        return f"{self.core.R}/figures/reliability/{figure}"
+
     def figure_targets(self) -> list[str]:
-        names = [f for f in FIGURES if f != "transfer" or self.transfer_groups]
-        return [f"{self.core.R}/figures/reliability/{f}.{ext}" for f in names for ext in ("png", "pdf")]
+        return [self.figure_dir(f) for f in self.figure_names()]
+
+    def skipped(self) -> list[dict]:
+        """Planned rows of the skipped-analyses table (retinabench.skipped) for this layer."""
+        from retinabench.skipped import record
+        if self.transfer_groups:
+            return []
+        return [record("transfer", "no harmonised task is shared by two selected datasets (out-of-distribution "
+                                   "transfer needs a second dataset with the task)")]
 
     def targets(self) -> list[str]:
         root = self.root
