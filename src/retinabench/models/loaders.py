@@ -196,7 +196,8 @@ def _folder_files(folder: Path, pins, what: str) -> tuple[dict[str, Path], dict]
     if not isinstance(pins, dict) or not pins:
         raise WeightsError(f"{what}: weights_path {folder} is a folder: sha256 must map each of its files to its "
                            f"sha256 (got {pins!r})")
-    present = {f.name: f for f in sorted(folder.iterdir()) if f.is_file()}
+    # Snakemake's empty marker of a directory() output is not part of the model
+    present = {f.name: f for f in sorted(folder.iterdir()) if f.is_file() and f.name != ".snakemake_timestamp"}
     unpinned, missing = sorted(set(present) - set(pins)), sorted(set(pins) - set(present))
     if unpinned or missing:
         raise WeightsError(f"{what}: weights folder {folder} does not match its pins: "
