@@ -82,8 +82,3 @@ rule tiny_model:
     script:
         STAGE
 
-
-# The prompt-based protocols alone (config/interfaces_demo.yaml): `snakemake ... interfaces`.
-rule interfaces:
-    input:
-        P.interface_targets(),
