@@ -81,4 +81,3 @@ rule tiny_model:
         build=IFP.tiny_model_params,
     script:
         STAGE
-
