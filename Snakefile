@@ -33,6 +33,12 @@ rule all:
         P.all_targets(),
 
 
+# The prompt-based protocols alone, without features / probes / analysis (config/interfaces_demo.yaml).
+rule interfaces:
+    input:
+        P.interface_targets(),
+
+
 apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)
 
 

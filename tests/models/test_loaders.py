@@ -383,3 +383,28 @@ def test_whole_transformers_dual_encoder_loads_strictly_for_zero_shot(tmp_path, 
             return getattr(out, "pooler_output", out)
         # (attention kernels may differ between a loaded and a directly built model: not bit-exact)
         assert torch.allclose(text(full), text(src), atol=1e-5)
+
+
+def test_a_weights_path_folder_loads_only_when_every_file_matches_its_pin(tmp_path):
+    """A local transformers folder (the demo's tiny models): sha256 maps each file; a changed, unpinned or missing
+    file is refused, naming it."""
+    from retinabench.hashing import sha256_file
+    from retinabench.protocols.zeroshot import load_dual_encoder
+    from retinabench.testing.tiny_models import build_tiny_siglip
+    folder = tmp_path / "tiny_siglip"
+    entry = build_tiny_siglip(folder)
+    pins = {f.name: sha256_file(f) for f in sorted(folder.iterdir())}
+    entry |= {"weights_path": str(folder), "sha256": pins}
+    model = load_dual_encoder(entry)
+    assert model.weights["origin"] == "path" and model.weights["files"] == pins
+    with pytest.raises(WeightsError, match="sha256 must map"):
+        load_dual_encoder(entry | {"sha256": "0" * 64})
+    with pytest.raises(WeightsError, match=r"pinned files missing \['extra.json'\]"):
+        load_dual_encoder(entry | {"sha256": pins | {"extra.json": "0" * 64}})
+    (folder / "stray.txt").write_text("x")
+    with pytest.raises(WeightsError, match=r"files without a sha256 \['stray.txt'\]"):
+        load_dual_encoder(entry)
+    (folder / "stray.txt").unlink()
+    (folder / "config.json").write_text((folder / "config.json").read_text() + " ")
+    with pytest.raises(WeightsError, match="sha256 mismatch.*config.json"):
+        load_dual_encoder(entry)

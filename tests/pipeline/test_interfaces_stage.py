@@ -2,6 +2,7 @@
 its memory-mapped image cache, the prompt registry), on the tiny models: predictions and metrics written with
 their sidecars, every split row kept, the interface tables from those files."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,11 @@ def phantom_files(tmp_path_factory, registries):
 
 
 def job_for(rule, root, task, entry, weights, out):
+    """The rule's job for a local-weights entry: its weights_path folder pinned file by file (the loader verifies
+    every sha256; the rule's `weights` input is only the dependency on that folder)."""
+    from retinabench.hashing import sha256_file
+    entry = dict(entry, weights_path=str(weights),
+                 sha256={f.name: sha256_file(f) for f in sorted(Path(weights).iterdir()) if f.is_file()})
     section = {"enabled": True, "encoders": None, "task_sets": None, "prompt_sets": ["focus", "plain"],
                "regimes": ["u-u"], "batch_size": 8, "device": "cpu"}
     if rule == "mllm":

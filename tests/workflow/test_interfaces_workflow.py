@@ -41,3 +41,43 @@ def test_enabling_the_interfaces_adds_their_jobs_and_nothing_else(tmp_path, make
                                                      "reliability": 3, "total": 7}, added
     assert "not run: no zeroshot prompt set covers it" in proc.stderr  # the phantom's non-harmonised tasks
     assert yaml.safe_load((work / "config/tiny.yaml").read_text())["mllm"]["encoders"] == ml
+
+
+def test_the_interfaces_demo_runs_through_snakemake_on_the_phantom_with_the_tiny_models(tmp_path,
+                                                                                        make_workflow_copy):
+    """config/interfaces_demo.yaml, target `interfaces`: rule tiny_model builds the demo registry's two models
+    (sha256-pinned folders, verified on load), both interfaces run on the phantom, and the interface tables and the
+    reliability tables of both sources come out (random models: chance level; the counts are what is pinned)."""
+    import pandas as pd
+
+    from tests.workflow.conftest import SNAKEMAKE
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    work = make_workflow_copy(tmp_path / "demo", {})
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    proc = subprocess.run([SNAKEMAKE, "--profile", "profiles/local", "--cores", "2", "interfaces", "--configfile",
+                           "config/interfaces_demo.yaml"], cwd=work, capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", proc.stdout + proc.stderr, re.M)}
+    assert counts["tiny_model"] == 2 and counts["zeroshot"] == 1 and counts["mllm"] == 1
+    assert counts["reliability"] == 2 and counts["interface_tables"] == 1
+    assert not any(k in counts for k in ("features", "frozen", "collect_metrics")), counts
+    R = work / "results"
+    zs = pd.read_parquet(R / "predictions/zeroshot/tiny_siglip/all.parquet")
+    ml = pd.read_parquet(R / "predictions/mllm/tiny_qwen2_vl/all.parquet")
+    assert set(zs["protocol"].str.split("@").str[0]) == {"zeroshot", "zeroshot_focus"}
+    assert set(ml["protocol"].str.split("@").str[0]) == {"mllm", "mllm_renorm"} and ml["answer"].notna().all()
+    metrics = pd.read_parquet(R / "metrics/mllm/tiny_qwen2_vl/all.parquet")
+    invalid = metrics[metrics["metric"] == "invalid_rate"]
+    assert len(invalid) and invalid["value"].between(0, 1).all()
+    assert len(pd.read_parquet(R / "interfaces/prompt_sensitivity.parquet"))
+    ece = pd.read_parquet(R / "interfaces/zeroshot_ece_difference.parquet")
+    assert set(ece["encoder"]) == {"tiny_siglip"} and ece["ece_diff"].notna().all()
+    for source, entry in (("zeroshot", "tiny_siglip"), ("mllm", "tiny_qwen2_vl")):
+        subgroups = pd.read_parquet(R / f"reliability/jobs/{source}/{entry}/all/subgroups.parquet")
+        assert len(subgroups) and set(subgroups["encoder"]) == {entry}
+    prov = (R / "logs/zeroshot/tiny_siglip/all.log").read_text() if (R / "logs").exists() else ""
+    assert "Traceback" not in prov

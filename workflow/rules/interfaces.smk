@@ -62,3 +62,22 @@ rule interface_tables:
         tasks=IFP.table_params()["tasks"],
     script:
         STAGE
+
+
+# The demo's tiny random models (demo registries only: entries with `tiny_model`), seeded, into the weights_path
+# folder their sha256 pins describe.
+rule tiny_model:
+    output:
+        folder=directory(IFP.tiny_model_folder()),
+    log:
+        f"{R}/logs/tiny_models/{{name}}.log",
+    wildcard_constraints:
+        name=IFP.tiny_model_constraint(),
+    conda:
+        TORCH_ENV
+    threads: 1
+    params:
+        code=P.code("tiny_model"),
+        build=IFP.tiny_model_params,
+    script:
+        STAGE

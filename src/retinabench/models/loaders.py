@@ -157,6 +157,8 @@ def weight_files(entry: dict, weights: str | Path | None = None) -> tuple[dict[s
                 raise WeightsError(f"{what}: package {entry['package']!r} is not installed") from err
         else:
             p = Path(entry["weights_path"]).expanduser()
+            if p.is_dir():
+                return _folder_files(p, entry.get("sha256"), what)
         if not p.is_file():
             raise WeightsError(f"{what}: weight file {p} not found")
         sha = verify_sha256(p, entry.get("sha256"), what)
@@ -185,6 +187,24 @@ def weight_files(entry: dict, weights: str | Path | None = None) -> tuple[dict[s
     else:
         prov["url"] = entry["weights_url"]
     return files, prov
+
+
+def _folder_files(folder: Path, pins, what: str) -> tuple[dict[str, Path], dict]:
+    """A local weights *folder* (a transformers layout, e.g. the demo's tiny models): ``sha256`` pins every file
+    ({file name: sha256}); each is verified, and a file in the folder without a pin (or a pin without a file) is
+    an error: nothing unpinned is loaded."""
+    if not isinstance(pins, dict) or not pins:
+        raise WeightsError(f"{what}: weights_path {folder} is a folder: sha256 must map each of its files to its "
+                           f"sha256 (got {pins!r})")
+    # Snakemake's empty marker of a directory() output is not part of the model
+    present = {f.name: f for f in sorted(folder.iterdir()) if f.is_file() and f.name != ".snakemake_timestamp"}
+    unpinned, missing = sorted(set(present) - set(pins)), sorted(set(pins) - set(present))
+    if unpinned or missing:
+        raise WeightsError(f"{what}: weights folder {folder} does not match its pins: "
+                           f"files without a sha256 {unpinned}, pinned files missing {missing}")
+    for name, path in present.items():
+        verify_sha256(path, pins[name], what)
+    return present, {"origin": "path", "files": dict(sorted(pins.items()))}
 
 
 def read_state_dict(paths: list[Path]) -> dict:
@@ -721,4 +741,5 @@ def weights_record(entry: dict) -> dict:
     rec = entry.get("lock") or {}
     return {"source": entry["source"], "init": entry.get("init", "pretrained"), "origin": weights_origin(entry),
             "hub_id": entry.get("hub_id"), "revision": rec.get("revision"),
-            "files": rec.get("files") or ({entry["weights_file"]: entry.get("sha256")} if entry.get("sha256") else {})}
+            "files": rec.get("files") or (dict(entry["sha256"]) if isinstance(entry.get("sha256"), dict) else
+                                          {entry["weights_file"]: entry["sha256"]} if entry.get("sha256") else {})}

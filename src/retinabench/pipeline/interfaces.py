@@ -1,5 +1,6 @@
 """Stages of workflow/rules/interfaces.smk: the `prompts` protocols (retinabench.protocols.interfaces) — one
-(registry entry, task set) job per interface, and the interface tables (prompt-variant spread, ECE difference)."""
+(registry entry, task set) job per interface, the interface tables (prompt-variant spread, ECE difference), and
+the demo's tiny random models (rule tiny_model)."""
 from __future__ import annotations
 
 import time
@@ -37,8 +38,9 @@ def stage_interface(job: Job) -> None:
     spec, entry, section = INTERFACES[interface], p["entry"], p["settings"]
     prompts = load_prompts(job.input["prompts"])
     t0 = time.perf_counter()
-    preds = spec.run(entry, task_inputs(job), prompts, job_settings(section, spec.settings),
-                     weights=job.input.get("weights"))
+    # input `weights` is the entry's own weights_path (a dependency only): the loader reads and verifies it
+    # against the entry's sha256 pins, so the run is checked like every registry load
+    preds = spec.run(entry, task_inputs(job), prompts, job_settings(section, spec.settings))
     extra = {"seconds": round(time.perf_counter() - t0, 2), "n_rows": int(len(preds))}
     if interface == "mllm":
         from retinabench.protocols.mllm import answer_counts
@@ -66,3 +68,23 @@ def stage_interface_tables(job: Job) -> None:
         preds = pd.concat([read_table(p, "predictions") for p in job.input["zeroshot"]], ignore_index=True)
         out["zeroshot_ece_difference"] = ece_difference(preds, job.params["tasks"])
     write_outputs(job, out)
+
+
+@stage("tiny_model")
+def stage_tiny_model(job: Job) -> None:
+    """One tiny random model of retinabench.testing.tiny_models (seeded: the same files, hence the same sha256
+    pins, on every build) into the folder the demo registry's entry names as its weights_path."""
+    import shutil
+    import tempfile
+
+    from retinabench.testing.tiny_models import BUILDERS
+    spec = job.params["build"]
+    out = Path(job.output["folder"])
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        built = Path(tmp) / out.name
+        BUILDERS[spec["builder"]](built, seed=spec["seed"])
+        if out.exists():
+            shutil.rmtree(out)
+        built.rename(out)
+    files = sorted(f.name for f in out.iterdir())
+    print(f"tiny_model {job.wildcards.get('name')}: {spec} -> {out} ({len(files)} files: {files})")

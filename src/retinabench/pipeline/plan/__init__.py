@@ -55,6 +55,13 @@ class WorkflowPlan(CorePlan):
         return (self.targets() + self.analysis.targets() + self.reliability.targets() + self.finetune.targets()
                 + self.saliency.targets() + self.compute.targets() + self.interfaces.targets())
 
+    def interface_targets(self) -> list[str]:
+        """Target rule `interfaces`: the prompt-based protocols alone (their jobs, tables and per-job reliability
+        tables), without the features / probes / analysis of `all` (config/interfaces_demo.yaml runs this)."""
+        keys = self.interfaces.prediction_files()
+        return self.interfaces.targets() + [f"{self.reliability.root}/jobs/{k}/{kind}.parquet"
+                                            for k in keys for kind in self.reliability.kinds]
+
     # -- start-up ------------------------------------------------------------------------------------------
     def raw_fingerprint(self, dataset: str, *, main_process: bool) -> list[str]:
         """The dataset's raw fingerprint input (retinabench.data.raw_state), refreshed once per workflow start in

@@ -105,10 +105,33 @@ class InterfacesPlan:
         return {"metrics": self.metrics_files(),
                 "zeroshot": [p for k, p in self.prediction_files().items() if k.startswith("zeroshot/")]}
 
+    # -- the demo's tiny models (rule tiny_model) -----------------------------------------------------------
+    def tiny_models(self) -> dict[str, dict]:
+        """{entry: its `tiny_model` build spec} for the planned entries a demo registry builds (no others)."""
+        return {n: self.core.reg.encoder(n)["tiny_model"] for n in self.encoders()
+                if self.core.reg.encoder(n).get("tiny_model")}
+
+    def tiny_model_folder(self) -> str:
+        return f"{self.core.R}/tiny_models/{{name}}"
+
+    def tiny_model_params(self, wc) -> dict:
+        return self.tiny_models()[wc.name]
+
+    def tiny_model_constraint(self) -> str:
+        return "|".join(sorted(self.tiny_models())) or "(?!)"
+
     def problems(self) -> list[str]:
-        """The interfaces' entries that need a lock record and have none or a stale one (the encoders' rule)."""
+        """The interfaces' entries that need a lock record and have none or a stale one (the encoders' rule), and
+        tiny-model entries whose weights_path is not the folder rule tiny_model writes."""
         from retinabench.workflow_plan import unpinned_encoders
-        return unpinned_encoders(self.core.reg, self.encoders())
+        out = unpinned_encoders(self.core.reg, self.encoders())
+        for name in self.tiny_models():
+            want = self.tiny_model_folder().format(name=name)
+            got = self.core.reg.encoder(name).get("weights_path")
+            if got != want:
+                out.append(f"encoder {name!r}: a tiny_model entry must have weights_path {want!r} (rule tiny_model "
+                           f"builds it there), not {got!r}")
+        return out
 
     def print_notes(self) -> None:
         for note in self.notes():
