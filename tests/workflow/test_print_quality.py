@@ -81,7 +81,7 @@ def test_baselines_beside_the_headline_numbers(tiny_workflow):
     assert {"majority", "chance", "not_above_majority", "n", "baseline_n"} <= set(app.columns)
     assert (app["n"] == app["baseline_n"]).all()  # the baseline is computed on the rows each score was
     flagged = app[app["not_above_majority"]]
-    assert (flagged["mean"] <= flagged["majority"] + 0.5 / flagged["n"] + 1e-9).all()  # 1e-9: the CSV round trip
+    assert (flagged["mean"] <= flagged["majority"] + 0.5 / flagged["n"] + 1e-6).all()  # 1e-6: the CSV keeps 6 decimals
     tex = (r / "tables/appendix.tex").read_text()
     assert r"\textit{majority class}" in tex and r"\textit{chance}" in tex
     assert (r"$^\dagger$" in tex) == bool(app.loc[app["regime"] == "u-u", "not_above_majority"].any())

@@ -247,10 +247,18 @@ class Cluster:
 
 
 def stray_processes(root: Path) -> dict[int, str]:
-    """Processes (not this one) whose command line names a path under `root`: Slurm jobs of these tests."""
-    found = {}
+    """Processes (not this one or its ancestors) whose command line names a path under `root`: Slurm jobs of these
+    tests. Ancestors are left out because `pytest --basetemp=ROOT` (and a `timeout` around it) names `root` too."""
+    found, mine, pid = {}, {os.getpid()}, os.getpid()
+    while pid > 1:  # walk the parent chain
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        mine.add(pid)
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in mine:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
