@@ -85,24 +85,30 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Module names a source file imports (absolute and relative, at any depth: lazy imports count too)."""
+def import_names(node, module: str, is_init: bool) -> set[str]:
+    """Module names imported anywhere inside the AST ``node`` of ``module`` (absolute and relative, at any depth:
+    lazy imports count too); ``is_init``: the node comes from a package's ``__init__.py``."""
     import ast
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = module if is_init else module.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
                 parts = package.split(".")
-                parts = parts[: len(parts) - node.level + 1]
+                parts = parts[: len(parts) - n.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+            out.update(f"{base}.{a.name}" for a in n.names)  # `from pkg import module`
     return out
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Module names a source file imports."""
+    import ast
+    return import_names(ast.parse(path.read_text(), filename=str(path)), module, path.name == "__init__.py")
 
 
 def module_closure(*modules: str) -> list[Path]:

@@ -14,27 +14,10 @@ import hashlib
 from functools import cache
 from pathlib import Path
 
-from retinabench.workflow_plan import _imports, module_closure
+from retinabench.workflow_plan import _imports, import_names, module_closure
 
 PACKAGE = Path(__file__).resolve().parents[2]
 PIPELINE = PACKAGE / "pipeline"
-
-
-def _names(node: ast.AST, module: str, is_init: bool) -> set[str]:
-    """Module names imported anywhere inside ``node`` (relative imports resolved against ``module``)."""
-    package = module if is_init else module.rpartition(".")[0]
-    out: set[str] = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Import):
-            out.update(a.name for a in n.names)
-        elif isinstance(n, ast.ImportFrom):
-            base = n.module or ""
-            if n.level:
-                parts = package.split(".")[: len(package.split(".")) - n.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in n.names)
-    return out
 
 
 @cache
@@ -48,7 +31,7 @@ def stage_sources() -> dict[str, tuple[str, frozenset[str]]]:
         top = set()
         for node in tree.body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                top |= _names(node, module, False)
+                top |= import_names(node, module, False)
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef):
                 continue
@@ -56,7 +39,7 @@ def stage_sources() -> dict[str, tuple[str, frozenset[str]]]:
                 if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "stage":
                     for arg in deco.args:
                         if isinstance(arg, ast.Constant):
-                            out[arg.value] = (module, frozenset(top | _names(node, module, False)))
+                            out[arg.value] = (module, frozenset(top | import_names(node, module, False)))
     return out
 
 
