@@ -4,6 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _weights_lines(w: dict) -> list[str]:
+    """Where the loaded weights came from and the sha256 of each file, as the check report prints them."""
+    hub = f" {w['hub_id']}@{w['revision']}" if w.get("hub_id") else ""
+    return [f"  weights: {w.get('origin')}{hub}"] + [f"    {f}  sha256 {sha}"
+                                                    for f, sha in sorted((w.get("files") or {}).items())]
+
+
 def check_encoder(entry: dict, weights: str | Path | None = None) -> tuple[bool, list[str]]:
     """Build ``entry`` (from its pinned source, or ``weights``: a local file / folder in the published layout)
     and describe the result: embedding dimension, files and sha256, dropped / missing / unexpected keys."""
@@ -28,9 +35,7 @@ def check_encoder(entry: dict, weights: str | Path | None = None) -> tuple[bool,
         lines.append(f"  FAILED: {type(err).__name__}: {err}")
         return False, lines
     w = enc.weights
-    lines.append(f"  weights: {w.get('origin')}" + (f" {w['hub_id']}@{w['revision']}" if w.get("hub_id") else ""))
-    for fname, sha in sorted((w.get("files") or {}).items()):
-        lines.append(f"    {fname}  sha256 {sha}")
+    lines += _weights_lines(w)
     dropped = w.get("dropped") or {"count": 0}
     lines.append(f"  dropped keys ({dropped['count']}): " + (str(dropped.get("keys")) if "keys" in dropped
                                                               else str(dropped.get("groups"))))
@@ -98,9 +103,7 @@ def check_mllm(entry: dict, weights: str | Path | None = None) -> tuple[bool, li
         lines.append(f"  FAILED: {type(err).__name__}: {err}")
         return False, lines
     w = m.weights
-    lines.append(f"  weights: {w.get('origin')}" + (f" {w['hub_id']}@{w['revision']}" if w.get("hub_id") else ""))
-    for fname, sha in sorted((w.get("files") or {}).items()):
-        lines.append(f"    {fname}  sha256 {sha}")
+    lines += _weights_lines(w)
     lines.append(f"  processor: {type(m.processor).__name__}, chat template: "
                  f"{'yes' if getattr(m.processor, 'chat_template', None) else 'NO'}")
     lines.append(f"  yes/no tokens counted: {sorted(m.tokens.counted, key=repr)}; excluded: "
