@@ -44,5 +44,18 @@ def timed(fn, repeat: int = 1) -> float:
     return best
 
 
+def interleaved_times(first, second, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall times of ``repeats`` calls of each of two arms, interleaved with the order alternating, so that drift on
+    a shared machine hits both arms alike; pair i of the two lists was measured side by side."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for r in range(repeats):
+        arms = ((first, times[0]), (second, times[1]))
+        for fn, acc in (arms if r % 2 == 0 else arms[::-1]):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return times
+
+
 def set_threads(n: int = 2) -> None:
     torch.set_num_threads(n)

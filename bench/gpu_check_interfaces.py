@@ -31,7 +31,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "bench"))
 
+from common import interleaved_times  # noqa: E402
 from retinabench.models.loaders import hf_config  # noqa: E402
 from retinabench.prompts import load_prompts  # noqa: E402
 from retinabench.protocols.mllm import (_batch_inputs, generate_answers, greedy_config, load_mllm,  # noqa: E402
@@ -144,13 +146,7 @@ def check_mllm(entry: dict, dev, smoke: bool, n: int, batch: int, repeats: int, 
 
     _reset_peak(dev)
     scored(), alone()  # warm-up (kernels, allocator)
-    t_alone, t_scored = [], []
-    for r in range(repeats):
-        arms = ((alone, t_alone), (scored, t_scored))
-        for fn, acc in (arms if r % 2 == 0 else arms[::-1]):
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
+    t_alone, t_scored = interleaved_times(alone, scored, repeats)
     # greedy consistency: the first generated token is the argmax of the very logits that are scored
     inputs = _batch_inputs(mllm, prompt, questions[:batch], images[:batch])
     with torch.inference_mode():

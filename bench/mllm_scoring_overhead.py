@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import set_threads  # noqa: E402
+from common import interleaved_times, set_threads  # noqa: E402
 
 from retinabench.prompts import load_prompts  # noqa: E402
 from retinabench.protocols.mllm import generate_answers, load_mllm, parse_yes_no  # noqa: E402
@@ -55,13 +55,7 @@ def measure(name: str, kwargs: dict, n: int, batch: int, max_new_tokens: int = 8
         return out
 
     alone(), scored()  # warm-up
-    t_alone, t_scored = [], []
-    for r in range(REPEATS):  # interleaved, order alternating: drift on a shared machine hits both arms alike
-        arms = ((alone, t_alone), (scored, t_scored))
-        for fn, acc in (arms if r % 2 == 0 else arms[::-1]):
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
+    t_alone, t_scored = interleaved_times(alone, scored, REPEATS)
     # the added work in isolation: scoring the first-step logits of one batch + parsing its answers
     inputs = _batch_inputs(mllm, prompt, questions[:batch], images[:batch])
     with torch.inference_mode():
