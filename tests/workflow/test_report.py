@@ -16,6 +16,7 @@ import yaml
 from retinabench.schemas import read_table, write_table
 from retinabench.analysis import AnalysisContext, analysis_outputs
 from retinabench.workflow_plan import plan
+from tests.workflow.conftest import run_config
 
 pytestmark = pytest.mark.slow
 
@@ -31,18 +32,9 @@ SECTIONS = {"rank_distribution": "1. Ranking", "cd_diagram": "1. Ranking", "rank
             "lr_sensitivity": "6. Sensitivity", "srd_lr": "6. Sensitivity", "lr_transfer": "6. Sensitivity"}
 
 
-def workflow_config(workdir: Path) -> dict:
-    config = {}
-    for f in ("config/config.yaml", "config/tiny.yaml"):
-        config.update(yaml.safe_load((workdir / f).read_text()))
-    for k in ("datasets", "tasks", "encoders"):
-        config["registries"][k] = str(workdir / config["registries"][k])
-    return config
-
-
 def expected_report_files(workdir: Path) -> dict[str, str]:
     """{path in the report: caption name} for the analysis outputs this config produces."""
-    config = workflow_config(workdir)
+    config = run_config(workdir)
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
     alts = [m for m in ctx.metrics if m != ctx.metric]
@@ -114,7 +106,7 @@ def test_report_holds_every_figure_with_its_caption(work_copy, report_html):
     results, categories = report_json(html, "results"), report_json(html, "categories")
     expected = expected_report_files(work_copy)
     assert {"results/figures/rank_distribution.png", "results/figures/srd_protocols.png"} <= set(expected)
-    encoders = workflow_config(work_copy)["encoders"]
+    encoders = run_config(work_copy)["encoders"]
     for path, caption in expected.items():
         assert path in results, f"{path} missing from the report"
         first_line = (REPORT_DIR / f"{caption}.rst").read_text().splitlines()[0].strip()
@@ -179,7 +171,7 @@ def analysis_rules(workdir: Path, reading=("metrics", "ranks")) -> set[str]:
     """Rules of the analysis families this config produces that read one of ``reading`` (the fairness family
     reads the reliability layer's subgroup table instead)."""
     from retinabench.analysis import FAMILIES
-    config = workflow_config(workdir)
+    config = run_config(workdir)
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
     return {RULE_OF[f] for f in analysis_outputs(ctx, "results") if set(FAMILIES[f].inputs) & set(reading)}
@@ -220,7 +212,7 @@ def test_changing_a_ranking_metric_reruns_the_analysis_only(work_copy, tmp_path,
     ({"top_k": 2}, {"top_k"}),
 ])
 def test_an_analysis_setting_reruns_only_its_dependants(work_copy, tmp_path, run_snakemake, change, expected):
-    assert len(workflow_config(work_copy)["encoders"]) == 2, "expectations below are for the 2-encoder tiny run"
+    assert len(run_config(work_copy)["encoders"]) == 2, "expectations below are for the 2-encoder tiny run"
     work = edited_copy(work_copy, tmp_path, change)
     jobs = job_counts(run_snakemake(work, "-n").stdout)
     assert set(jobs) == expected | {"all"}, jobs
@@ -229,7 +221,7 @@ def test_an_analysis_setting_reruns_only_its_dependants(work_copy, tmp_path, run
 def test_figure_provenance_reaches_predictions_splits_weights_and_commit(work_copy):
     cli = [sys.executable, "-m", "retinabench", "provenance", "results/figures/srd_protocols.png"]
     out = subprocess.run(cli, cwd=work_copy, capture_output=True, text=True, check=True).stdout
-    config = workflow_config(work_copy)
+    config = run_config(work_copy)
     p = plan(config)
     for enc in p.encoders:
         for task in p.tasks:
