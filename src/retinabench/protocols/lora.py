@@ -1,0 +1,566 @@
+"""LoRA supervised fine-tuning (SFT) of multimodal LLMs for yes/no tasks, and strict adapter loading (FOCUS).
+
+Training (:func:`train_lora`): one adapter per (MLLM, source dataset, task), peft LoRA on every ``nn.Linear`` of
+the *language model* (not the vision tower, not the projector, not ``lm_head``; the explicit module list is what
+the adapter records), r 16, α 16, dropout 0.05, no bias, 1 epoch, lr 2e-5, per-device batch 4 × gradient
+accumulation 4 (1 × 8 for the 27B size class, ``params_m >= large_min_params_m``), bf16 and gradient
+checkpointing on CUDA — :class:`LoraSettings`, the FOCUS defaults, read from the config's ``lora:`` section.
+transformers' ``Trainer`` runs the loop (accelerate underneath: ``torchrun`` / ``accelerate launch`` give one
+process per GPU with no code change); checkpoints every ``save_steps`` optimizer steps, and a killed job resumes
+from the last one (optimizer, scheduler, RNG and data position restored by the Trainer).
+
+Examples (:func:`training_examples`) are the TRAINING split of the source dataset for the task (patient-disjoint
+from its val/test rows, checked again here), rendered as chat messages through the same prompt registry, leakage
+guard and chat template as inference: user (image + the task's question), assistant (``yes`` / ``no``). The loss
+is on the assistant turn only (:class:`SFTCollator`: every prompt token, image tokens included, and every pad
+is -100); FOCUS supervises the whole prompt — :data:`LABEL_MASKS` keeps that variant available by name
+(``label_mask: full``) for a reproduction.
+
+Loading (:func:`load_adapter`) verifies the adapter against its provenance sidecar before it touches the model:
+files present with the recorded sha256, the recorded base model (name, class, weight-file sha256s) equal to the
+one loaded, every LoRA tensor mapped onto an existing linear module with matching shapes, and every tensor of
+the file loaded. Any mismatch is an :class:`AdapterError`; nothing falls back to the base model (FOCUS's loader
+catches the exception and evaluates the base). Inference then runs :func:`retinabench.protocols.mllm.run_mllm`
+unchanged: the same prompts, scoring and parser; the adapter is the only difference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from retinabench.prompts import PromptRegistry, YesNoPrompt, render_questions
+from retinabench.protocols.mllm import MLLM
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+LABEL_MASKS = ("answer", "full")   # answer: loss on the assistant turn only (default); full: FOCUS (whole prompt)
+IGNORE_INDEX = -100
+PROTOCOL = "mllm_lora"            # the training log's protocol name
+
+
+class AdapterError(ValueError):
+    """An adapter folder that does not fit the base model it is loaded onto (or is incomplete / altered)."""
+
+
+# --- settings -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoraSettings:
+    """The config's ``lora:`` section; defaults are FOCUS's."""
+
+    r: int = 16
+    alpha: int = 16
+    dropout: float = 0.05
+    bias: str = "none"
+    epochs: float = 1.0
+    lr: float = 2e-5
+    scheduler: str = "linear"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    batch_size: int = 4
+    grad_accum: int = 4
+    # the 27B size class (Gemma-3-27B, MedGemma-27B): 1 x 8
+    large_min_params_m: float = 20000.0
+    large_batch_size: int = 1
+    large_grad_accum: int = 8
+    max_steps: int = -1               # > 0: stop after that many optimizer steps (tests, smoke runs)
+    save_steps: int = 50
+    save_total_limit: int = 2
+    keep_checkpoints: bool = False    # delete the checkpoint folder once the adapter is written
+    seed: int = 0
+    prompt_set: str | None = None     # None: the registry's default mllm set
+    label_mask: str = "answer"
+    train_balanced: bool = False      # True: the balanced subset of the training split only
+    precision: str = "auto"           # auto: bf16 on CUDA, fp32 on CPU; or bf16 / fp32
+    gradient_checkpointing: str | bool = "auto"   # auto: on CUDA only
+
+    def __post_init__(self):
+        if self.bias != "none":
+            raise ValueError(f"lora.bias must be 'none' (FOCUS trains no biases), got {self.bias!r}")
+        if self.label_mask not in LABEL_MASKS:
+            raise ValueError(f"lora.label_mask must be one of {LABEL_MASKS}, got {self.label_mask!r}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"lora.precision must be auto, bf16 or fp32, got {self.precision!r}")
+        for k in ("r", "alpha", "batch_size", "grad_accum", "large_batch_size", "large_grad_accum", "save_steps"):
+            if int(getattr(self, k)) < 1:
+                raise ValueError(f"lora.{k} must be >= 1, got {getattr(self, k)!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> "LoraSettings":
+        """From the whole config (its ``lora:`` key) or the section itself; unknown keys fail, naming them."""
+        section = dict((config or {}).get("lora", config or {}) or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise KeyError(f"lora: unknown key(s) {unknown}; known: {sorted(known)}")
+        return cls(**section)
+
+    def batching(self, entry: dict) -> tuple[int, int]:
+        """(per-device batch, gradient accumulation) for an encoder entry: 1 x 8 for the 27B class."""
+        if float(entry.get("params_m") or 0.0) >= self.large_min_params_m:
+            return int(self.large_batch_size), int(self.large_grad_accum)
+        return int(self.batch_size), int(self.grad_accum)
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- the modules LoRA adapts ----------------------------------------------------------------------------------
+def language_model_prefix(model) -> str:
+    """Qualified name of the language model inside an image-text-to-text model (``model.language_model``)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for name, module in model.named_modules():
+        if decoder is not None and module is decoder and name:
+            return name
+    for name, _ in model.named_modules():
+        if name.split(".")[-1] == "language_model":
+            return name
+    raise AdapterError(f"{type(model).__name__}: cannot find its language model (no get_decoder(), no "
+                       "'language_model' submodule)")
+
+
+def language_model_linears(model) -> list[str]:
+    """Every ``nn.Linear`` of the language model, by qualified name (``lm_head`` is outside it)."""
+    import torch
+    prefix = language_model_prefix(model) + "."
+    names = [n for n, m in model.named_modules() if n.startswith(prefix) and isinstance(m, torch.nn.Linear)]
+    if not names:
+        raise AdapterError(f"{type(model).__name__}: the language model {prefix[:-1]!r} has no linear modules")
+    return names
+
+
+def lora_config(settings: LoraSettings, model):
+    from peft import LoraConfig
+    # An explicit list of full names (peft matches a name that equals or ends with an entry): exactly the
+    # language model's linears, recorded in adapter_config.json for the load-time check.
+    return LoraConfig(r=int(settings.r), lora_alpha=int(settings.alpha), lora_dropout=float(settings.dropout),
+                      bias="none", target_modules=language_model_linears(model), task_type="CAUSAL_LM")
+
+
+# --- examples and the label mask ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SFTExample:
+    image_id: str
+    image: np.ndarray = field(repr=False)
+    question: str
+    answer: str
+
+
+def training_examples(images: np.ndarray, image_ids: Sequence[str], manifest: pd.DataFrame, split: pd.DataFrame,
+                      task: dict, prompts: PromptRegistry, settings: LoraSettings = LoraSettings()
+                      ) -> tuple[list[SFTExample], YesNoPrompt]:
+    """The task's training-split rows as (image, rendered question, ``yes``/``no``) in split order, and the
+    prompt they were rendered with. Refuses a split whose training patients appear among its val/test rows."""
+    if "split" not in split or "y" not in split:
+        raise KeyError(f"lora {task['name']}: the split table needs columns split and y")
+    part = split[split["split"] == "train"]
+    if settings.train_balanced:
+        part = part[part["balanced"].astype(bool)]
+    if part.empty:
+        raise ValueError(f"lora {task['name']}: the split has no training rows")
+    held_out = split[split["split"] != "train"]
+    shared = sorted(set(part["patient_id"].astype(str)) & set(held_out["patient_id"].astype(str)))
+    if shared:
+        raise ValueError(f"lora {task['name']}: {len(shared)} patients are in the training split and in val/test "
+                         f"(e.g. {shared[:3]}): the split is not patient-disjoint")
+    set_name = settings.prompt_set or prompts.default("mllm")
+    prompt = prompts.mllm(set_name, task)  # the leakage guard's field check
+    meta = manifest[manifest["dataset"] == task["dataset"]].drop_duplicates("image_id").set_index("image_id")
+    ids = part["image_id"].astype(str).tolist()
+    absent = [i for i in ids if i not in meta.index]
+    if absent:
+        raise KeyError(f"lora {task['name']}: {len(absent)} training images are not in the manifest, e.g. "
+                       f"{absent[:3]}")
+    index = {i: k for k, i in enumerate(image_ids)}
+    lacking = [i for i in ids if i not in index]
+    if lacking:
+        raise KeyError(f"lora {task['name']}: {len(lacking)} training images are not among the images given, "
+                       f"e.g. {lacking[:3]}")
+    questions = render_questions(prompt, meta.loc[ids].reset_index())  # the leakage guard on every row
+    yes = prompt.yes_index
+    answers = ["yes" if int(y) == yes else "no" for y in part["y"]]
+    return [SFTExample(i, images[index[i]], q, a) for i, q, a in zip(ids, questions, answers)], prompt
+
+
+def conversation(prompt: YesNoPrompt, question: str, answer: str | None) -> list[dict]:
+    """The chat messages of one example: inference's messages (system?, user: image + question), then the
+    assistant's answer."""
+    msgs = prompt.messages(question)
+    if answer is not None:
+        msgs = msgs + [{"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    return msgs
+
+
+class SFTCollator:
+    """Batches of :class:`SFTExample`: the processor's own batching (pixel values, image tokens) of the full
+    conversations, right-padded; labels = input ids with every prompt token (``label_mask='answer'``) and every
+    pad set to -100. The prompt is the conversation rendered with ``add_generation_prompt`` (what inference
+    feeds the model); its tokens must be a prefix of the full conversation's, or the collator refuses."""
+
+    def __init__(self, processor, prompt: YesNoPrompt, label_mask: str = "answer"):
+        if label_mask not in LABEL_MASKS:
+            raise ValueError(f"label_mask must be one of {LABEL_MASKS}, got {label_mask!r}")
+        self.processor, self.prompt, self.label_mask = processor, prompt, label_mask
+
+    def texts(self, ex: SFTExample) -> tuple[str, str]:
+        proc = self.processor
+        head = proc.apply_chat_template(conversation(self.prompt, ex.question, None), add_generation_prompt=True,
+                                        tokenize=False)
+        full = proc.apply_chat_template(conversation(self.prompt, ex.question, ex.answer), tokenize=False)
+        if not full.startswith(head):
+            raise ValueError(f"image {ex.image_id}: the chat template's generation prompt is not a prefix of the "
+                             f"conversation with its answer ({head[-40:]!r} vs {full[len(head) - 40:][:80]!r})")
+        return head, full
+
+    def __call__(self, examples: Sequence[SFTExample]) -> dict:
+        heads, fulls = zip(*(self.texts(ex) for ex in examples))
+        images = [[np.asarray(ex.image)] for ex in examples]
+        batch = self.processor(text=list(fulls), images=images, padding=True, padding_side="right",
+                               return_tensors="pt")
+        head_ids = self.processor(text=list(heads), images=images, padding=True, padding_side="right",
+                                  return_tensors="pt")
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        labels = ids.clone()
+        labels[mask == 0] = IGNORE_INDEX
+        for i, ex in enumerate(examples):
+            n_head = int(head_ids["attention_mask"][i].sum())
+            n_full = int(mask[i].sum())
+            if n_full <= n_head or not bool((ids[i, :n_head] == head_ids["input_ids"][i, :n_head]).all()):
+                raise ValueError(f"image {ex.image_id}: the prompt's tokens are not a prefix of the conversation's "
+                                 f"({n_head} prompt tokens, {n_full} in all): cannot mask the prompt")
+            if self.label_mask == "answer":
+                labels[i, :n_head] = IGNORE_INDEX
+        batch["labels"] = labels
+        return dict(batch)
+
+
+# --- training -----------------------------------------------------------------------------------------------
+def _examples_fingerprint(examples: Sequence[SFTExample]) -> str:
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(f"{ex.image_id}\t{ex.answer}\t{ex.question}\n".encode())
+        h.update(hashlib.sha256(np.ascontiguousarray(ex.image).tobytes()).digest())
+    return h.hexdigest()
+
+
+class _ExampleDataset:
+    def __init__(self, examples):
+        self.examples = list(examples)
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return self.examples[i]
+
+
+def base_record(mllm: MLLM, entry: dict | None = None) -> dict:
+    """What identifies the base model an adapter belongs to: registry name, model class, weight-file sha256s
+    (weights and config; tokenizer / template files excluded), hub id and revision where loaded from the hub."""
+    files = {k: v for k, v in (mllm.weights.get("files") or {}).items()
+             if k.endswith((".safetensors", ".bin", ".pt", ".pth")) or k == "config.json"}
+    rec = {"name": mllm.name, "class": type(_unwrap(mllm.model)).__name__, "files": files}
+    for k in ("hub_id", "revision"):
+        if mllm.weights.get(k) or (entry or {}).get(k):
+            rec[k] = mllm.weights.get(k) or (entry or {}).get(k)
+    return rec
+
+
+def _unwrap(model):
+    from peft import PeftModel
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def _resolve_precision(settings: LoraSettings, device) -> tuple[bool, bool]:
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    bf16 = settings.precision == "bf16" or (settings.precision == "auto" and cuda)
+    gc = settings.gradient_checkpointing
+    gc = cuda if gc == "auto" else bool(gc)
+    return bf16, gc
+
+
+def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, out_dir: str | os.PathLike,
+               settings: LoraSettings = LoraSettings(), *, entry: dict | None = None, task: dict | None = None,
+               callbacks: Sequence = (), log=print) -> dict:
+    """Train a LoRA adapter on ``examples``; write ``out_dir/adapter/`` (peft folder), ``train_log.parquet``
+    (loss per optimizer step, the training-log schema) and ``compute.json``; return the run record.
+
+    ``out_dir/checkpoints/`` holds the Trainer's checkpoints while it runs; a rerun after a kill resumes from
+    the last one when ``run.json`` there matches this run (same settings, examples and base), else starts over.
+    The adapter's provenance (files + sha256, base record, settings) goes to the sidecar the caller writes with
+    :func:`write_adapter_sidecar`; :func:`train_lora` returns everything it needs.
+    """
+    import torch
+    from peft import get_peft_model
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from retinabench.protocols.finetune import peak_memory_mb
+    out = Path(out_dir)
+    ckpt = out / "checkpoints"
+    entry = entry or {"name": mllm.name}
+    batch, accum = settings.batching(entry)
+    bf16, grad_ckpt = _resolve_precision(settings, mllm.device)
+    run = {"settings": settings.record(), "examples_sha256": _examples_fingerprint(examples),
+           "n_examples": len(examples), "base": base_record(mllm, entry), "prompt_set": prompt.set_name,
+           "batch_size": batch, "grad_accum": accum, "bf16": bf16, "gradient_checkpointing": grad_ckpt}
+    resume = None
+    if ckpt.is_dir():
+        previous = json.loads((ckpt / "run.json").read_text()) if (ckpt / "run.json").is_file() else None
+        last = get_last_checkpoint(str(ckpt))
+        if previous == json.loads(json.dumps(run, default=str)) and last:
+            resume = last
+            log(f"lora {mllm.name}: resuming from {last}")
+        else:
+            log(f"lora {mllm.name}: {ckpt} holds another run's (or no) checkpoint: starting over")
+            shutil.rmtree(ckpt)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "run.json").write_text(json.dumps(run, indent=1, default=str))
+
+    model = mllm.model
+    if bf16:
+        model.to(torch.bfloat16)
+    model.config.use_cache = False
+    torch.manual_seed(settings.seed)  # LoRA's A matrices are initialised from the global RNG
+    peft_model = get_peft_model(model, lora_config(settings, model))
+    n_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    n_total = sum(p.numel() for p in peft_model.parameters())
+    args = TrainingArguments(
+        output_dir=str(ckpt), per_device_train_batch_size=batch, gradient_accumulation_steps=accum,
+        num_train_epochs=float(settings.epochs), max_steps=int(settings.max_steps), learning_rate=float(settings.lr),
+        lr_scheduler_type=settings.scheduler, warmup_steps=int(settings.warmup_steps),
+        weight_decay=float(settings.weight_decay), logging_steps=1, logging_first_step=True, save_strategy="steps",
+        save_steps=int(settings.save_steps), save_total_limit=int(settings.save_total_limit), bf16=bf16,
+        activation_checkpointing=grad_ckpt,
+        activation_checkpointing_kwargs={"use_reentrant": False} if grad_ckpt else None,
+        seed=int(settings.seed), data_seed=int(settings.seed), report_to="none", remove_unused_columns=False,
+        dataloader_num_workers=0, disable_tqdm=True, use_cpu=mllm.device.type != "cuda",
+        ddp_find_unused_parameters=False)
+    collator = SFTCollator(mllm.processor, prompt, settings.label_mask)
+    trainer = Trainer(model=peft_model, args=args, train_dataset=_ExampleDataset(examples), data_collator=collator,
+                      callbacks=list(callbacks) or None)
+    dev = mllm.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - t0
+    peak, peak_kind = peak_memory_mb(dev)
+    if not trainer.is_world_process_zero():
+        return {"rank": trainer.args.process_index}
+    adapter = out / "adapter"
+    if adapter.exists():
+        shutil.rmtree(adapter)
+    peft_model.save_pretrained(str(adapter))
+    hist = [h for h in trainer.state.log_history if "loss" in h]
+    log_df = pd.DataFrame({
+        "encoder": mllm.name, "task": (task or {}).get("name", prompt.task_name), "protocol": PROTOCOL,
+        "seed": int(settings.seed), "train_regime": "b" if settings.train_balanced else "u",
+        "epoch": [int(np.floor(h.get("epoch", 0.0))) for h in hist], "step": [int(h["step"]) for h in hist],
+        "lr": [float(h.get("learning_rate", np.nan)) for h in hist], "train_loss": [float(h["loss"]) for h in hist],
+        "val_loss": np.nan, "best": False})
+    from retinabench.schemas import write_table
+    write_table(log_df, out / "train_log.parquet", "training_log")
+    compute = {"train_seconds": seconds, "resumed_from": resume, "steps": int(trainer.state.global_step),
+               "train_runtime_trainer": float(result.metrics.get("train_runtime", np.nan)),
+               "peak_mem_mb": peak, "peak_mem_kind": peak_kind, "device": str(dev),
+               "world_size": int(trainer.args.world_size), "n_examples": len(examples),
+               "trainable_params": int(n_trainable), "total_params": int(n_total),
+               "batch_size": batch, "grad_accum": accum, "bf16": bf16, "gradient_checkpointing": grad_ckpt,
+               "final_loss": float(hist[-1]["loss"]) if hist else float("nan")}
+    (out / "compute.json").write_text(json.dumps(compute, indent=1))
+    if not settings.keep_checkpoints:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    mllm.model = peft_model
+    return {**run, "adapter": str(adapter), "train_log": str(out / "train_log.parquet"),
+            "compute": compute, "target_modules": sorted(peft_model.peft_config["default"].target_modules),
+            "task": (task or {}).get("name", prompt.task_name), "dataset": (task or {}).get("dataset")}
+
+
+# --- provenance and strict loading --------------------------------------------------------------------------
+def write_adapter_sidecar(adapter_dir: str | os.PathLike, record: dict, *, rule: str = "mllm_lora_train",
+                          inputs: Sequence[str | os.PathLike] = (), wildcards: dict | None = None,
+                          config: dict | None = None) -> Path:
+    """The adapter folder's provenance sidecar ``<adapter>.prov.json``: every file with its sha256 (the folder
+    form of :func:`retinabench.provenance.write_sidecar`) and, under ``extra.adapter``, the base-model record,
+    source dataset and task, prompt set, settings and compute from :func:`train_lora`'s record."""
+    from retinabench.provenance import write_sidecar
+    keep = ("base", "settings", "prompt_set", "task", "dataset", "n_examples", "examples_sha256", "target_modules",
+            "compute", "batch_size", "grad_accum")
+    return write_sidecar(adapter_dir, rule=rule, inputs=inputs, wildcards=wildcards, config=config,
+                         seed=record.get("settings", {}).get("seed"),
+                         extra={"adapter": {k: record.get(k) for k in keep}})
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    path: str
+    sha256: str           # the folder digest recorded in the sidecar
+    base: dict
+    task: str | None
+    dataset: str | None
+    prompt_set: str | None
+    record: dict
+
+
+def verify_adapter_files(adapter_dir: str | os.PathLike) -> AdapterInfo:
+    """The adapter folder checked against its sidecar (present, every recorded file with its sha256, no
+    unrecorded weight file); returns what the sidecar says of it."""
+    from retinabench.hashing import sha256_file
+    from retinabench.provenance import read_sidecar, sidecar_path
+    d = Path(adapter_dir)
+    if not d.is_dir():
+        raise AdapterError(f"adapter folder {d} does not exist")
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (d / name).is_file():
+            raise AdapterError(f"adapter {d}: missing file {name}")
+    if not sidecar_path(d).is_file():
+        raise AdapterError(f"adapter {d}: no provenance sidecar {sidecar_path(d)} (its files cannot be verified)")
+    rec = read_sidecar(d)
+    files = rec.get("files") or {}
+    info = (rec.get("extra") or {}).get("adapter") or {}
+    if not files or not info.get("base"):
+        raise AdapterError(f"adapter {d}: sidecar {sidecar_path(d)} lacks the file list or the base-model record")
+    for name, sha in files.items():
+        p = d / name
+        if not p.is_file():
+            raise AdapterError(f"adapter {d}: missing file {name} (recorded in its sidecar)")
+        if sha256_file(p) != sha:
+            raise AdapterError(f"adapter {d}: file {name} has sha256 {sha256_file(p)[:12]}..., the sidecar records "
+                               f"{sha[:12]}... (changed after training)")
+    unrecorded = sorted(p.name for p in d.iterdir() if p.is_file() and p.name not in files)
+    if unrecorded:
+        raise AdapterError(f"adapter {d}: files {unrecorded} are not recorded in its sidecar")
+    return AdapterInfo(str(d), rec["sha256"], info["base"], info.get("task"), info.get("dataset"),
+                       info.get("prompt_set"), info)
+
+
+def _check_base(info: AdapterInfo, mllm: MLLM) -> None:
+    want, have = info.base, base_record(mllm)
+    where = f"adapter {info.path}"
+    if want.get("name") != have["name"]:
+        raise AdapterError(f"{where} was trained on base model {want.get('name')!r}, not {have['name']!r}")
+    if want.get("class") != have["class"]:
+        raise AdapterError(f"{where}: base model class {want.get('class')!r} recorded, {have['class']!r} loaded")
+    for k in ("hub_id", "revision"):
+        if want.get(k) and have.get(k) and want[k] != have[k]:
+            raise AdapterError(f"{where}: base {k} {want[k]!r} recorded, {have[k]!r} loaded")
+    wf, hf = want.get("files") or {}, have.get("files") or {}
+    differ = sorted(f for f in set(wf) | set(hf) if wf.get(f) != hf.get(f))
+    if differ:
+        raise AdapterError(f"{where}: the base model's weight files differ from those it was trained on: "
+                           + ", ".join(f"{f} (recorded {str(wf.get(f))[:12]}, loaded {str(hf.get(f))[:12]})"
+                                       for f in differ))
+
+
+def _check_modules(d: Path, model) -> dict:
+    """Every LoRA tensor of the file maps onto a linear module of ``model`` with matching shapes, and the
+    modules the config targets are exactly those the file has weights for. Runs before the model is touched."""
+    import torch
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+    from safetensors import safe_open
+    cfg_dict = json.loads((d / ADAPTER_CONFIG).read_text())
+    try:
+        cfg = LoraConfig.from_pretrained(str(d))
+    except (TypeError, ValueError) as err:
+        raise AdapterError(f"adapter {d}: {ADAPTER_CONFIG} is not a LoRA config: {err}") from None
+    if cfg_dict.get("peft_type") != "LORA":
+        raise AdapterError(f"adapter {d}: peft_type {cfg_dict.get('peft_type')!r}, expected LORA")
+    modules = dict(model.named_modules())
+    tensors = {}
+    with safe_open(str(d / ADAPTER_WEIGHTS), "pt") as f:
+        for k in f.keys():
+            tensors[k] = tuple(f.get_slice(k).get_shape())
+    by_module: dict[str, dict[str, tuple]] = {}
+    for key, shape in tensors.items():
+        stem = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        for part in (".lora_A.weight", ".lora_B.weight"):
+            if stem.endswith(part):
+                by_module.setdefault(stem[: -len(part)], {})[part[1:7]] = shape
+                break
+        else:
+            raise AdapterError(f"adapter {d}: tensor {key!r} is not a LoRA A/B weight (bias, DoRA or embedding "
+                               "adapters are not what retinabench trains)")
+    lacking = sorted(m for m in by_module if m not in modules)
+    if lacking:
+        raise AdapterError(f"adapter {d}: {len(lacking)} adapted modules do not exist in {type(model).__name__}, "
+                           f"e.g. {lacking[:3]}")
+    for name, parts in sorted(by_module.items()):
+        mod = modules[name]
+        if not isinstance(mod, torch.nn.Linear):
+            raise AdapterError(f"adapter {d}: adapted module {name!r} is a {type(mod).__name__}, not a linear layer")
+        if set(parts) != {"lora_A", "lora_B"}:
+            raise AdapterError(f"adapter {d}: module {name!r} has only {sorted(parts)}")
+        a, b = parts["lora_A"], parts["lora_B"]
+        if a != (cfg.r, mod.in_features) or b != (mod.out_features, cfg.r):
+            raise AdapterError(f"adapter {d}: module {name!r} has LoRA shapes A{a} B{b}; the model's layer "
+                               f"({mod.in_features} -> {mod.out_features}, r {cfg.r}) needs "
+                               f"A{(cfg.r, mod.in_features)} B{(mod.out_features, cfg.r)}")
+    targeted = sorted(n for n, m in modules.items() if n and isinstance(m, torch.nn.Linear)
+                      and check_target_module_exists(cfg, n))
+    if set(targeted) != set(by_module):
+        extra, absent = sorted(set(targeted) - set(by_module)), sorted(set(by_module) - set(targeted))
+        raise AdapterError(f"adapter {d}: its config targets {len(targeted)} modules of this model, its weights "
+                           f"cover {len(by_module)} (targeted without weights: {extra[:3]}, weights outside the "
+                           f"targets: {absent[:3]})")
+    return tensors
+
+
+def load_adapter(mllm: MLLM, adapter_dir: str | os.PathLike) -> MLLM:
+    """``mllm`` with the verified adapter applied (peft, inference mode): a new :class:`MLLM` of the same name
+    whose ``weights`` record carries the adapter record. Every check runs before the base model is modified;
+    any failure is an :class:`AdapterError` naming the file or module. The base ``mllm`` must not be used
+    afterwards (peft injects the LoRA layers into its modules)."""
+    import torch
+    from peft import PeftModel
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load_file
+    if isinstance(mllm.model, PeftModel):
+        raise AdapterError(f"{mllm.name}: the model already carries an adapter; load the base model afresh")
+    info = verify_adapter_files(adapter_dir)
+    _check_base(info, mllm)
+    d = Path(adapter_dir)
+    tensors = _check_modules(d, mllm.model)
+    try:
+        model = PeftModel.from_pretrained(mllm.model, str(d), is_trainable=False)
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise AdapterError(f"adapter {d}: peft could not load it onto {type(mllm.model).__name__}: {err}") from err
+    loaded = get_peft_model_state_dict(model)
+    if set(loaded) != set(tensors):
+        raise AdapterError(f"adapter {d}: {len(set(tensors) - set(loaded))} file tensors were not loaded and "
+                           f"{len(set(loaded) - set(tensors))} adapter parameters got no tensor")
+    saved = load_file(str(d / ADAPTER_WEIGHTS))
+    for k, v in saved.items():
+        if not torch.equal(loaded[k].detach().to("cpu", v.dtype), v):
+            raise AdapterError(f"adapter {d}: tensor {k} differs from the file after loading")
+    model.to(mllm.device)
+    model.eval()
+    return dataclasses.replace(mllm, model=model, weights={**mllm.weights, "adapter": {
+        "path": info.path, "sha256": info.sha256, "task": info.task, "dataset": info.dataset,
+        "prompt_set": info.prompt_set, "base": info.base}})
+
+
+def adapter_predictions(preds: pd.DataFrame, mllm: MLLM) -> pd.DataFrame:
+    """Tag :func:`run_mllm`'s predictions of an adapter-carrying model with the adapter's source
+    (``train_dataset``, ``train_task``: the transfer convention of the reliability layer) and its digest
+    (``adapter``); the prompt set must be the one the adapter was trained with."""
+    rec = mllm.weights.get("adapter")
+    if not rec:
+        raise AdapterError(f"{mllm.name}: no adapter loaded (adapter_predictions needs load_adapter's model)")
+    sets = set(preds["prompt_set"]) if "prompt_set" in preds else set()
+    if rec.get("prompt_set") and sets and sets != {rec["prompt_set"]}:
+        raise AdapterError(f"{mllm.name}: adapter trained with prompt set {rec['prompt_set']!r}, predictions use "
+                           f"{sorted(sets)}")
+    return preds.assign(train_dataset=rec["dataset"], train_task=rec["task"], adapter=rec["sha256"])
