@@ -186,7 +186,12 @@ def test_training_lowers_the_loss_and_writes_adapter_log_compute_and_sidecar(tra
 def test_reloaded_adapter_changes_the_answers_through_the_same_path(predictions, trained):
     base_p, adapter_p = predictions
     key = ["image_id", "dataset", "task", "protocol", "regime", "split"]
-    m = base_p.merge(adapter_p, on=key, suffixes=("_b", "_a"))
+    # the adapter's rows carry their own protocol names, the base scoring's under the mapping
+    assert set(adapter_p["protocol"]) == {"mllm_lora", "mllm_lora_renorm"}
+    assert {L.base_protocol(p) for p in adapter_p["protocol"]} == set(base_p["protocol"])
+    assert L.adapter_protocol("mllm_renorm@plain") == "mllm_lora_renorm@plain"
+    m = base_p.merge(adapter_p.assign(protocol=adapter_p["protocol"].map(L.base_protocol)), on=key,
+                     suffixes=("_b", "_a"))
     assert len(m) == len(base_p) == len(adapter_p)
     assert (m["prompt_b"] == m["prompt_a"]).all() and (m["prompt_set_b"] == m["prompt_set_a"]).all()
     assert np.abs(m["prob_yes_a"] - m["prob_yes_b"]).max() > 1e-3

@@ -46,6 +46,24 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 LABEL_MASKS = ("answer", "full")   # answer: loss on the assistant turn only (default); full: FOCUS (whole prompt)
 IGNORE_INDEX = -100
 PROTOCOL = "mllm_lora"            # the training log's protocol name
+# an adapter's predictions carry their own protocol names (the base model's mllm / mllm_renorm scoring, on the
+# adapted model), so that tables never mix base and adapter rows under one name; "@<set>" suffixes are kept
+ADAPTER_PROTOCOLS = {"mllm": "mllm_lora", "mllm_renorm": "mllm_lora_renorm"}
+
+
+def adapter_protocol(name: str) -> str:
+    """``mllm_renorm@plain`` -> ``mllm_lora_renorm@plain``."""
+    base, sep, rest = str(name).partition("@")
+    if base not in ADAPTER_PROTOCOLS:
+        raise AdapterError(f"protocol {name!r} is not an MLLM yes/no protocol {sorted(ADAPTER_PROTOCOLS)}")
+    return ADAPTER_PROTOCOLS[base] + sep + rest
+
+
+def base_protocol(name: str) -> str:
+    """The inverse of :func:`adapter_protocol` (a base protocol name is returned as it is)."""
+    base, sep, rest = str(name).partition("@")
+    inverse = {v: k for k, v in ADAPTER_PROTOCOLS.items()}
+    return inverse.get(base, base) + sep + rest
 
 
 class AdapterError(ValueError):
@@ -82,6 +100,9 @@ class LoraSettings:
     train_balanced: bool = False      # True: the balanced subset of the training split only
     precision: str = "auto"           # auto: bf16 on CUDA, fp32 on CPU; or bf16 / fp32
     gradient_checkpointing: str | bool = "auto"   # auto: on CUDA only
+    # under a process group of W processes (one per GPU), divide the accumulation by W so that the effective batch
+    # (per-device batch x accumulation x W) stays FOCUS's per-device batch x accumulation (16; 8 for the 27B class)
+    keep_effective_batch: bool = True
 
     def __post_init__(self):
         if self.bias != "none":
@@ -111,6 +132,17 @@ class LoraSettings:
         if float(entry.get("params_m") or 0.0) >= self.large_min_params_m:
             return int(self.large_batch_size), int(self.large_grad_accum)
         return int(self.batch_size), int(self.grad_accum)
+
+    def per_process(self, entry: dict, world_size: int) -> tuple[int, int]:
+        """(per-device batch, accumulation) for one of ``world_size`` processes (see ``keep_effective_batch``)."""
+        batch, accum = self.batching(entry)
+        if world_size > 1 and self.keep_effective_batch:
+            if accum % world_size:
+                raise ValueError(f"lora: gradient accumulation {accum} is not divisible by the {world_size} "
+                                 "processes; the effective batch cannot be kept (set grad_accum to a multiple, or "
+                                 "keep_effective_batch: false for batch x accumulation x processes)")
+            accum //= world_size
+        return batch, accum
 
     def record(self) -> dict:
         return dataclasses.asdict(self)
@@ -310,32 +342,13 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
     out = Path(out_dir)
     ckpt = out / "checkpoints"
     entry = entry or {"name": mllm.name}
-    batch, accum = settings.batching(entry)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    batch, accum = settings.per_process(entry, world)
     bf16, grad_ckpt = _resolve_precision(settings, mllm.device)
     run = {"settings": settings.record(), "examples_sha256": _examples_fingerprint(examples),
            "n_examples": len(examples), "base": base_record(mllm, entry), "prompt_set": prompt.set_name,
-           "batch_size": batch, "grad_accum": accum, "bf16": bf16, "gradient_checkpointing": grad_ckpt}
-    resume = None
-    if ckpt.is_dir():
-        previous = json.loads((ckpt / "run.json").read_text()) if (ckpt / "run.json").is_file() else None
-        last = get_last_checkpoint(str(ckpt))
-        if previous == json.loads(json.dumps(run, default=str)) and last:
-            resume = last
-            log(f"lora {mllm.name}: resuming from {last}")
-        else:
-            log(f"lora {mllm.name}: {ckpt} holds another run's (or no) checkpoint: starting over")
-            shutil.rmtree(ckpt)
-    ckpt.mkdir(parents=True, exist_ok=True)
-    (ckpt / "run.json").write_text(json.dumps(run, indent=1, default=str))
-
-    model = mllm.model
-    if bf16:
-        model.to(torch.bfloat16)
-    model.config.use_cache = False
-    torch.manual_seed(settings.seed)  # LoRA's A matrices are initialised from the global RNG
-    peft_model = get_peft_model(model, lora_config(settings, model))
-    n_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    n_total = sum(p.numel() for p in peft_model.parameters())
+           "batch_size": batch, "grad_accum": accum, "world_size": world, "effective_batch": batch * accum * world,
+           "bf16": bf16, "gradient_checkpointing": grad_ckpt}
     args = TrainingArguments(
         output_dir=str(ckpt), per_device_train_batch_size=batch, gradient_accumulation_steps=accum,
         num_train_epochs=float(settings.epochs), max_steps=int(settings.max_steps), learning_rate=float(settings.lr),
@@ -347,6 +360,37 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
         seed=int(settings.seed), data_seed=int(settings.seed), report_to="none", remove_unused_columns=False,
         dataloader_num_workers=0, disable_tqdm=True, use_cpu=mllm.device.type != "cuda",
         ddp_find_unused_parameters=False)
+    _ = args.device  # sets up the process group under torchrun
+    # the checkpoint folder is rank 0's: every rank decides from what is there (read-only), then rank 0 clears a
+    # stale one and records this run, the others wait (one process group from here: TrainingArguments set it up)
+    from accelerate import PartialState
+    state = PartialState()
+    resume, stale = None, False
+    if ckpt.is_dir():
+        previous = json.loads((ckpt / "run.json").read_text()) if (ckpt / "run.json").is_file() else None
+        last = get_last_checkpoint(str(ckpt))
+        if previous == json.loads(json.dumps(run, default=str)) and last:
+            resume = last
+            log(f"lora {mllm.name}: resuming from {last}")
+        else:
+            stale = True
+            log(f"lora {mllm.name}: {ckpt} holds another run's (or no) checkpoint: starting over")
+    state.wait_for_everyone()
+    if state.is_main_process:
+        if stale:
+            shutil.rmtree(ckpt)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / "run.json").write_text(json.dumps(run, indent=1, default=str))
+    state.wait_for_everyone()
+
+    model = mllm.model
+    if bf16:
+        model.to(torch.bfloat16)
+    model.config.use_cache = False
+    torch.manual_seed(settings.seed)  # LoRA's A matrices are initialised from the global RNG
+    peft_model = get_peft_model(model, lora_config(settings, model))
+    n_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    n_total = sum(p.numel() for p in peft_model.parameters())
     collator = SFTCollator(mllm.processor, prompt, settings.label_mask)
     trainer = Trainer(model=peft_model, args=args, train_dataset=_ExampleDataset(examples), data_collator=collator,
                       callbacks=list(callbacks) or None)
@@ -377,8 +421,8 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
                "peak_mem_mb": peak, "peak_mem_kind": peak_kind, "device": str(dev),
                "world_size": int(trainer.args.world_size), "n_examples": len(examples),
                "trainable_params": int(n_trainable), "total_params": int(n_total),
-               "batch_size": batch, "grad_accum": accum, "bf16": bf16, "gradient_checkpointing": grad_ckpt,
-               "final_loss": float(hist[-1]["loss"]) if hist else float("nan")}
+               "batch_size": batch, "grad_accum": accum, "effective_batch": batch * accum * world,
+               "bf16": bf16, "gradient_checkpointing": grad_ckpt, "final_loss": float(hist[-1]["loss"]) if hist else float("nan")}
     (out / "compute.json").write_text(json.dumps(compute, indent=1))
     if not settings.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -397,7 +441,7 @@ def write_adapter_sidecar(adapter_dir: str | os.PathLike, record: dict, *, rule:
     source dataset and task, prompt set, settings and compute from :func:`train_lora`'s record."""
     from retinabench.provenance import write_sidecar
     keep = ("base", "settings", "prompt_set", "task", "dataset", "n_examples", "examples_sha256", "target_modules",
-            "compute", "batch_size", "grad_accum")
+            "compute", "batch_size", "grad_accum", "world_size", "effective_batch")
     return write_sidecar(adapter_dir, rule=rule, inputs=inputs, wildcards=wildcards, config=config,
                          seed=record.get("settings", {}).get("seed"),
                          extra={"adapter": {k: record.get(k) for k in keep}})
@@ -553,7 +597,8 @@ def load_adapter(mllm: MLLM, adapter_dir: str | os.PathLike) -> MLLM:
 
 
 def adapter_predictions(preds: pd.DataFrame, mllm: MLLM) -> pd.DataFrame:
-    """Tag :func:`run_mllm`'s predictions of an adapter-carrying model with the adapter's source
+    """Tag :func:`run_mllm`'s predictions of an adapter-carrying model (protocols renamed by
+    :func:`adapter_protocol`: ``mllm`` -> ``mllm_lora``) with the adapter's source
     (``train_dataset``, ``train_task``: the transfer convention of the reliability layer) and its digest
     (``adapter``); the prompt set must be the one the adapter was trained with."""
     rec = mllm.weights.get("adapter")
@@ -563,4 +608,5 @@ def adapter_predictions(preds: pd.DataFrame, mllm: MLLM) -> pd.DataFrame:
     if rec.get("prompt_set") and sets and sets != {rec["prompt_set"]}:
         raise AdapterError(f"{mllm.name}: adapter trained with prompt set {rec['prompt_set']!r}, predictions use "
                            f"{sorted(sets)}")
-    return preds.assign(train_dataset=rec["dataset"], train_task=rec["task"], adapter=rec["sha256"])
+    return preds.assign(protocol=preds["protocol"].map(adapter_protocol), train_dataset=rec["dataset"],
+                        train_task=rec["task"], adapter=rec["sha256"])

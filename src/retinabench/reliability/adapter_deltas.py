@@ -54,10 +54,21 @@ def _compatible(train_task: str, task: str, tasks: dict[str, dict]) -> bool:
     return h is not None and h == tasks[task].get("harmonised")
 
 
+def _base_named(adapted: pd.DataFrame) -> pd.DataFrame:
+    """Adapter rows under the base protocol names they pair with (``mllm_lora`` -> ``mllm``), the adapter's own
+    name kept in ``adapter_protocol``."""
+    from retinabench.protocols.lora import base_protocol
+    if "adapter_protocol" in adapted:
+        return adapted
+    return adapted.assign(adapter_protocol=adapted["protocol"],
+                          protocol=adapted["protocol"].map(base_protocol))
+
+
 def pair_results(base: pd.DataFrame, adapted: pd.DataFrame, tasks: dict[str, dict]
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pairs, unpaired): one row per adapter result (test split) with its base result's key and the domain;
     ``unpaired`` lists adapter results without a base result, with the reason."""
+    adapted = _base_named(adapted)
     if _is_adapter(base).any():
         raise ValueError("adapter deltas: the base predictions contain adapter rows (column 'adapter' set)")
     missing = [c for c in ADAPTER_KEYS if c not in adapted]
@@ -109,6 +120,7 @@ def adapter_deltas(base: pd.DataFrame, adapted: pd.DataFrame, manifest: pd.DataF
     if n_boot < 1000:
         raise ValueError(f"adapter deltas: n_boot must be >= 1000, got {n_boot}")
     boot = {"n_boot": int(n_boot), "seed": int(seed), "level": float(level)}
+    adapted = _base_named(adapted)
     pairs, unpaired = pair_results(base, adapted, tasks)
     pid = manifest.drop_duplicates(["dataset", "image_id"]).set_index(["dataset", "image_id"])["patient_id"]
     b_test, a_test = base[base["split"] == "test"], adapted[adapted["split"] == "test"]
@@ -270,18 +282,25 @@ def table5_figure(domains: pd.DataFrame, png, *, variant: str = "invalid_wrong",
     the delta with its CI (filled marker: BH q < 0.05), a zero line, and ``n=`` comparisons at each row."""
     import matplotlib.pyplot as plt
 
-    from retinabench.figures.style import save
+    from retinabench.figures.style import FONT, figsize, save, suptitle
     tab = table5(domains, variant=variant, protocol=protocol, metrics=metrics)
     d = domains[domains["variant"].isin([variant, "all_rows"])]
     if protocol is not None:
         d = d[d["protocol"] == protocol]
     labels = [f"{r['model']} · {'ID' if r['domain'] == IN_DOMAIN else 'OOD'}" for r in tab.to_dict("records")]
     n_rows = max(1, len(tab))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(2.3 * len(metrics) + 1.5, 0.38 * n_rows + 1.2),
-                             sharey=True, squeeze=False)
+    # double column (180 mm), 7 mm per Table-5 row; three panels per line so tick labels stay legible at 7 pt
+    per_line = 3
+    lines = -(-len(metrics) // per_line)
+    fig, axes = plt.subplots(lines, per_line, figsize=figsize(lines * (14 + 6 * n_rows) + 12), sharey=True,
+                             squeeze=False)
     ys = np.arange(len(tab))[::-1]
     colors = {IN_DOMAIN: "#4C72B0", OUT_OF_DOMAIN: "#DD8452"}
-    for ax, m in zip(axes[0], metrics):
+    for k, ax in enumerate(axes.flat):
+        if k >= len(metrics):
+            ax.set_visible(False)
+            continue
+        m = metrics[k]
         for y, r in zip(ys, tab.to_dict("records")):
             g = d[(d["encoder"] == r["model"]) & (d["domain"] == r["domain"]) & (d["metric_family"] == m)]
             if g.empty:
@@ -289,17 +308,17 @@ def table5_figure(domains: pd.DataFrame, png, *, variant: str = "invalid_wrong",
             g = g.iloc[0]
             sig = np.isfinite(g["p_bh"]) and g["p_bh"] < 0.05
             ax.errorbar([g["delta"]], [y], xerr=[[g["delta"] - g["ci_low"]], [g["ci_high"] - g["delta"]]],
-                        fmt="o", color=colors[r["domain"]], mfc=colors[r["domain"]] if sig else "white", capsize=2)
-        ax.axvline(0.0, color="#888888", lw=0.8, ls="--")
-        ax.set_title(_LABELS[m], fontsize=9)
-        ax.set_xlabel("adapter − base")
-    axes[0][0].set_yticks(ys)
-    axes[0][0].set_yticklabels(labels if len(tab) else [])
-    right = axes[0][-1].twinx()
-    right.set_ylim(axes[0][-1].get_ylim())
-    right.set_yticks(ys)
-    right.set_yticklabels([f"n={n}" for n in tab["n"]])
-    fig.suptitle(f"LoRA fine-tuned − base ({variant.replace('_', ' ')}); filled: BH q < 0.05", fontsize=10)
+                        fmt="o", ms=3, color=colors[r["domain"]], mfc=colors[r["domain"]] if sig else "white",
+                        capsize=2, lw=0.8)
+        ax.axvline(0.0, color="#888888", lw=0.6, ls="--")
+        ax.set_title(_LABELS[m], fontsize=FONT["title"])
+        ax.set_yticks(ys)
+        if k % per_line == 0:
+            ax.set_yticklabels([f"{lab} (n={n})" for lab, n in zip(labels, tab["n"])] if len(tab) else [])
+        ax.set_ylim(-0.7, len(tab) - 0.3)
+        ax.locator_params(axis="x", nbins=4)
+    fig.supxlabel("adapter − base (95% CI; n = comparisons behind the row)", fontsize=FONT["base"])
+    suptitle(fig, f"LoRA fine-tuned − base MLLM ({variant.replace('_', ' ')}); filled marker: BH q < 0.05")
     fig.set_layout_engine("constrained")
     out = save(fig, png)
     plt.close(fig)
