@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from retinabench.hashing import sha256_file
+from retinabench.hashing import SNAKEMAKE_MARKER, sha256_file
 
 SIDECAR_SUFFIX = ".prov.json"
 _PACKAGES = ("retinabench", "torch", "torchvision", "timm", "numpy", "pandas", "pyarrow", "scikit-learn",
@@ -54,10 +54,11 @@ def code_state(start: str | os.PathLike | None = None) -> dict[str, Any]:
 
 
 def folder_files(folder: str | os.PathLike) -> dict[str, str]:
-    """sha256 of every file under ``folder`` (relative POSIX paths, sorted); a folder artifact's content."""
+    """sha256 of every file under ``folder`` (relative POSIX paths, sorted; Snakemake's marker left out); a folder
+    artifact's content."""
     folder = Path(folder)
     return {p.relative_to(folder).as_posix(): sha256_file(p)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != SNAKEMAKE_MARKER}
 
 
 def folder_digest(files: dict[str, str]) -> str:

@@ -461,7 +461,7 @@ class AdapterInfo:
 def verify_adapter_files(adapter_dir: str | os.PathLike) -> AdapterInfo:
     """The adapter folder checked against its sidecar (present, every recorded file with its sha256, no
     unrecorded weight file); returns what the sidecar says of it."""
-    from retinabench.hashing import sha256_file
+    from retinabench.hashing import SNAKEMAKE_MARKER, sha256_file
     from retinabench.provenance import read_sidecar, sidecar_path
     d = Path(adapter_dir)
     if not d.is_dir():
@@ -483,7 +483,8 @@ def verify_adapter_files(adapter_dir: str | os.PathLike) -> AdapterInfo:
         if sha256_file(p) != sha:
             raise AdapterError(f"adapter {d}: file {name} has sha256 {sha256_file(p)[:12]}..., the sidecar records "
                                f"{sha[:12]}... (changed after training)")
-    unrecorded = sorted(p.name for p in d.iterdir() if p.is_file() and p.name not in files)
+    unrecorded = sorted(p.name for p in d.iterdir() if p.is_file() and p.name not in files
+                        and p.name != SNAKEMAKE_MARKER)
     if unrecorded:
         raise AdapterError(f"adapter {d}: files {unrecorded} are not recorded in its sidecar")
     return AdapterInfo(str(d), rec["sha256"], info["base"], info.get("task"), info.get("dataset"),

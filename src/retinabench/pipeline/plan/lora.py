@@ -27,6 +27,7 @@ class LoraPlan:
         self.enabled = bool(self.settings["enabled"])
         self.jobs: dict[tuple[str, str], AdapterJob] = {}
         self._problems: list[str] = []
+        self.constraint_encoders = self.constraint_tasks = alternatives([])
         if not self.enabled:
             return
         from retinabench.protocols.interfaces import selected_entries
