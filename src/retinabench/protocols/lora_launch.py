@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,14 +87,22 @@ def launch(spec: dict, n_processes: int, spec_path: str | os.PathLike, log_path:
     log(f"lora: launching {n_processes} processes: {' '.join(cmd)}")
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, int(spec.get("threads", 1)) // n_processes))}
     tail: list[str] = []
+    errors: list[str] = []  # the ranks' own exceptions (torchrun's summary that follows them names no cause)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
         for line in proc.stdout:
-            log(line.rstrip("\n"))
-            tail = (tail + [line.rstrip("\n")])[-30:]
+            line = line.rstrip("\n")
+            log(line)
+            tail = (tail + [line])[-15:]
+            if _EXCEPTION.match(line) and line not in errors and "ChildFailedError" not in line:
+                errors.append(line)
     if proc.returncode != 0:
         raise RuntimeError(f"lora: the torchrun group of {n_processes} processes failed (exit {proc.returncode}); "
-                           "last lines:\n" + "\n".join(tail))
+                           "the ranks raised:\n" + ("\n".join(errors) or "(no exception line)")
+                           + "\nlast lines:\n" + "\n".join(tail))
     return None
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
 
 
 def main(argv: list[str] | None = None) -> None:
