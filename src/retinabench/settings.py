@@ -82,7 +82,8 @@ def finetune_settings(config: dict) -> dict:
     out["augment"] = augment_settings(given.get("augment"))
     bad = sorted(set(out["protocols"]) - set(FINETUNE_PROTOCOLS))
     if bad:
-        raise ValueError(f"finetune.protocols: unknown {bad}; expected a subset of {list(FINETUNE_PROTOCOLS)}")
+        hint = " (LoRA SFT of MLLMs is its own stage: config `lora:`)" if any("lora" in b for b in bad) else ""
+        raise ValueError(f"finetune.protocols: unknown {bad}; expected a subset of {list(FINETUNE_PROTOCOLS)}{hint}")
     return out
 
 

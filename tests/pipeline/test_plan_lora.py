@@ -35,6 +35,13 @@ def test_lora_is_off_by_default_and_its_section_agrees_with_the_schema():
     from retinabench.settings import LORA_DEFAULTS
     assert set(schema["properties"]) == set(LORA_DEFAULTS)
     assert set(schema["properties"]["deltas"]["properties"]) == set(LORA_DEFAULTS["deltas"])
+    from retinabench.protocols.lora_launch import train_job
+    from retinabench.protocols.registry import PROTOCOLS
+    spec = PROTOCOLS.get("mllm_lora")
+    assert spec.kind == "images" and spec.family == ("mllm_lora", "mllm_lora_renorm") and spec.job() is train_job
+    assert spec.settings({"lora": {"gpus": 2}})["gpus"] == 2 and spec.settings({})["deltas"]["unit"] == "patient"
+    with pytest.raises(KeyError, match="lora: unknown key"):
+        spec.settings({"lora": {"gpu": 2}})
 
 
 def test_one_training_job_per_mllm_and_source_tested_in_and_out_of_domain():
