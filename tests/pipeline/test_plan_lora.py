@@ -109,3 +109,21 @@ def test_rule_code_covers_the_lora_modules_and_the_stages_are_registered():
     assert {"lora.py", "lora_launch.py", "mllm.py"} <= train
     deltas = {f.name for f in rule_code_files("mllm_lora_deltas")}
     assert {"adapter_deltas.py", "paired.py"} <= deltas and "lora_launch.py" not in deltas
+
+
+def test_the_focus_grid_trains_on_brset_and_mbrset_and_tests_every_dataset_of_the_task():
+    c = config()
+    c.update(yaml.safe_load((REPO / "config/focus.yaml").read_text()))
+    c["registries"] = {k: str(REPO / v) for k, v in c["registries"].items()}
+    lp = WorkflowPlan(c).lora
+    mllms = {e for e, _ in lp.jobs}
+    assert len(mllms) == 6 and {t for _, t in lp.jobs} == {
+        "brset_diabetic_cfp_anydr", "brset_diabetic_cfp_referable", "brset_diabetic_cfp_gon",
+        "mbrset_macula_cfp_anydr", "mbrset_macula_cfp_referable"}
+    in_domain = len(lp.jobs)
+    out_of_domain = sum(len(j.test_tasks) - 1 for j in lp.jobs.values())
+    assert (in_domain, out_of_domain) == (30, 138)  # FOCUS: 36 + 192 (mBRSET's GON, which the release lacks)
+    gon = lp.jobs[("medgemma_4b_it", "brset_diabetic_cfp_gon")].test_tasks
+    assert gon == ("brset_diabetic_cfp_gon", "papila_cfp_gon", "refuge_cfp_gon", "g1020_cfp_gon")
+    # every test task has the base model's result (the mllm interface runs all 16 tasks)
+    assert not [q for q in lp.problems() if "pair with" in q]
