@@ -107,3 +107,10 @@ def test_every_delta_traces_back_to_the_adapter_and_the_base_predictions(demo, m
     assert any(p.endswith(f"lora/{ENTRY}/{SOURCE}/adapter") for p in paths)
     assert any(p.endswith(f"predictions/mllm/{ENTRY}/all.parquet") for p in paths)
     assert any(p.endswith(f"splits/phantom/{SOURCE}.parquet") for p in paths)
+
+
+def test_the_report_has_a_lora_section_with_table5(demo):
+    report = demo["work"] / "results/report.html"
+    demo["run"](demo["work"], "--report", str(report), "lora")
+    html = report.read_text(errors="replace")
+    assert "9. LoRA fine-tuning of MLLMs" in html and "table5.png" in html and "table5.csv" in html

@@ -61,7 +61,22 @@ rule mllm_lora_deltas:
     input:
         **LP.delta_inputs(),
     output:
-        **LP.delta_outputs(),
+        comparisons=LP.delta_outputs()["comparisons"],
+        domains=LP.delta_outputs()["domains"],
+        pairs=LP.delta_outputs()["pairs"],
+        unpaired=LP.delta_outputs()["unpaired"],
+        table5=report(
+            LP.delta_outputs()["table5"],
+            caption="../report/appendix/lora_table5.rst",
+            category=LP.report_section,
+            labels={"table": "Table 5 (adapter - base)"},
+        ),
+        figure=report(
+            LP.delta_outputs()["figure"],
+            caption="../report/appendix/lora_table5.rst",
+            category=LP.report_section,
+            labels={"figure": "Table 5 (adapter - base)"},
+        ),
     log:
         f"{R}/logs/mllm_lora_deltas.log",
     conda:

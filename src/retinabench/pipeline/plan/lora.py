@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from retinabench.pipeline.plan.core import CorePlan, alternatives
 from retinabench.settings import lora_settings
+from retinabench.skipped import LORA
 
 DELTA_TABLES = ("comparisons", "domains", "pairs", "unpaired")
 
@@ -21,6 +22,8 @@ class AdapterJob:
 
 
 class LoraPlan:
+    report_section = LORA  # the report's category of the Table-5 outputs
+
     def __init__(self, core: CorePlan, interfaces):
         self.core, self.interfaces = core, interfaces
         self.settings = lora_settings(core.config)
