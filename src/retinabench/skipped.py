@@ -54,7 +54,7 @@ def record(output: str, reason: str, *, part: str = "all", n: int | None = None,
 
 
 def optional_layers(config: dict) -> list[dict]:
-    """Rows for the opt-in layers a config leaves off (saliency maps, the compute benchmark), so that the table
+    """Rows for the opt-in layers a config leaves off (saliency maps, the compute benchmark, LoRA), so that the table
     says they were not produced and how to turn them on."""
     rows = []
     if not (config.get("saliency") or {}).get("enabled"):
@@ -63,6 +63,9 @@ def optional_layers(config: dict) -> list[dict]:
     if not (config.get("compute") or {}).get("enabled"):
         rows.append(record("compute", "the compute benchmark is opt-in: set compute.enabled: true (its timings "
                                       "and memory belong to the device the jobs run on)"))
+    if not (config.get("lora") or {}).get("enabled"):
+        rows.append(record("lora_table5", "LoRA SFT of MLLMs is opt-in: set lora.enabled: true with lora.sources "
+                                          "(needs mllm.enabled for the base-model results)"))
     return rows
 
 
