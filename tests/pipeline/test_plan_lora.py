@@ -55,6 +55,9 @@ def test_one_training_job_per_mllm_and_source_tested_in_and_out_of_domain():
     class WC:
         encoder, task = MLLM, "phantom_cfp_glaucoma"
     assert lp.train_resource("gpu")(WC) == 4 and lp.infer_resource("gpu")(WC) == 1
+    # host memory: four bf16 copies of the base model while the processes load it (4.3 B params: > 50 GB)
+    params_m = p.reg.encoder(MLLM)["params_m"]
+    assert lp.train_resource("mem_mb")(WC) == max(96000, int(4 * params_m * 3)) >= lp.infer_resource("mem_mb")(WC)
     inputs = lp.train_inputs(WC)
     assert inputs["split"].endswith("splits/phantom/phantom_cfp_glaucoma.parquet")  # the training split's table
     assert lp.train_params(WC)["task"]["name"] == "phantom_cfp_glaucoma"

@@ -207,7 +207,10 @@ class LoraPlan:
             if key == "gpu":
                 return int(self.settings["gpus"])
             if key == "mem_mb":
-                return int(c["mem_mb"])
+                # each process holds a bf16 copy of the base model in host memory while loading it (x 1.5 for the
+                # loader's buffers); at least the size class's host memory
+                params_m = float(self.core.reg.encoder(wc.encoder).get("params_m") or 0.0)
+                return max(int(c["mem_mb"]), int(int(self.settings["gpus"]) * params_m * 2 * 1.5))
             return int(c["runtime"]) * 4  # one epoch over a training split: a few feature passes' worth
         return value
 
