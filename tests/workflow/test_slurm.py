@@ -22,7 +22,8 @@ job process may outlive the cluster. To keep it short, the main Snakemake proces
 instead of the plugin's growing interval.
 
 Without the Slurm binaries or root the cluster tests skip with the reason, except under CI, where they fail; skip
-them with `-m "not slurm"`. About 3.5 minutes on a 2-core machine (3 min 43 s measured with other work running).
+them with `-m "not slurm"`. About 4.5 minutes on a 2-core machine with other work running (4 min 16 s before the
+LoRA jobs were added, 4 min 24 s with them; they overlap the other phases).
 """
 from __future__ import annotations
 
