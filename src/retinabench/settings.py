@@ -323,7 +323,7 @@ LORA_DEFAULTS: dict[str, Any] = {
     "gpus": 4,                    # GPUs of a training job (Slurm --gpus); inference jobs take 1
     "processes": "auto",          # training processes: auto = one per visible GPU (<= gpus), 1 on CPU; or an int
     "device": "auto",             # auto: CUDA if present
-    "threads": 2,
+    "threads": 4,                 # a training job's CPU threads, shared by its processes
     "train": {},                  # retinabench.protocols.lora.LoraSettings (FOCUS defaults), unknown keys fail
     "deltas": {"unit": "patient", "n_boot": 1000, "seed": 0, "level": 0.95,
                "metrics": ["auroc", "auprc", "accuracy", "f1", "ece"],

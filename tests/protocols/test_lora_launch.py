@@ -43,7 +43,7 @@ def spec(tmp_path_factory):
 def test_two_processes_train_one_adapter_with_the_effective_batch_kept(spec):
     out = spec["root"] / "group"
     s = {**spec, "root": None, "out_dir": str(out)}
-    assert lora_launch.launch(s, 2, out.parent / "group_spec.json", log=lambda m: None) is None
+    assert lora_launch.launch(s, 2, log=lambda m: None) is None
     compute = json.loads((out / "compute.json").read_text())
     assert compute["world_size"] == 2 and compute["batch_size"] == 2
     # 2 processes x batch 2 x accumulation 1 = the configured 2 x 2
@@ -60,7 +60,7 @@ def test_a_failing_group_fails_the_job_with_its_last_lines(spec, tmp_path):
     bad = {**spec, "root": None, "out_dir": str(tmp_path / "out"),
            "inputs": {**spec["inputs"], "split": str(tmp_path / "missing.parquet")}}
     with pytest.raises(RuntimeError, match=r"(?s)group of 2 processes failed.*missing\.parquet"):
-        lora_launch.launch(bad, 2, tmp_path / "spec.json", log=lambda m: None)
+        lora_launch.launch(bad, 2, log=lambda m: None)
     assert not (tmp_path / "out" / "adapter").exists()
 
 

@@ -49,6 +49,7 @@ def test_the_adapter_is_recorded_file_by_file_and_the_loss_falls(demo):
     inputs = {i["path"] for i in rec["inputs"]}
     assert any(p.endswith(f"splits/phantom/{SOURCE}.parquet") for p in inputs)
     assert any(p.endswith("tiny_qwen2_vl/model.safetensors") for p in inputs)
+    assert not any(p.endswith(".snakemake_timestamp") for p in inputs)  # Snakemake's folder marker is no input
     log = pd.read_parquet(d / "train_log.parquet")
     assert list(log["step"]) == list(range(1, 21)) and (log["protocol"] == "mllm_lora").all()
     assert log["train_loss"].tail(5).mean() < log["train_loss"].iloc[0]

@@ -11,15 +11,6 @@ from retinabench.pipeline.job import Job, announce, write_outputs
 from retinabench.pipeline.registry import stage
 
 
-def _weights_files(job: Job) -> list[str]:
-    """The base model's local weight files (a folder input is recorded file by file)."""
-    w = job.input.get("weights")
-    if not w:
-        return []
-    p = Path(w)
-    return [str(f) for f in sorted(p.iterdir()) if f.is_file()] if p.is_dir() else [str(p)]
-
-
 def training_spec(job: Job) -> dict:
     """The JSON-able description of one training job that :func:`retinabench.protocols.lora_launch.train_job`
     runs in every process of the group."""
@@ -30,7 +21,7 @@ def training_spec(job: Job) -> dict:
     return {"entry": p["entry"], "task": p["task"], "settings": p["train"], "device": p["device"],
             "dtype": p["dtype"], "threads": job.threads, "weights": job.input.get("weights"), "inputs": inputs,
             "out_dir": out_dir, "rule": job.rule, "wildcards": dict(job.wildcards),
-            "provenance_inputs": [inputs["split"], inputs["manifest"], inputs["prompts"], *_weights_files(job)],
+            "provenance_inputs": job.input_files(),
             "config": {"lora": {"train": p["train"], "gpus": p["gpus"], "processes": p["processes"]},
                        "entry": p["entry"]["name"], "task": p["task"]["name"]}}
 
@@ -44,7 +35,7 @@ def stage_lora_train(job: Job) -> None:
     announce(f"lora {p['entry']['name']}/{p['task']['name']}: training with {n} process(es) "
              f"(job holds {p['gpus']} GPU(s) on Slurm)")
     t0 = time.perf_counter()
-    launch(spec, n, Path(spec["out_dir"]) / "launch_spec.json")
+    launch(spec, n)
     for key in ("adapter", "train_log", "compute"):
         if not Path(job.output[key]).exists():
             raise FileNotFoundError(f"rule {job.rule}: the training run wrote no {key} ({job.output[key]})")
@@ -76,7 +67,8 @@ def stage_lora_infer(job: Job) -> None:
                      adapter=job.input["adapter"])
     counts = answer_counts(preds)
     tasks = {t["name"]: t for t in p["tasks"]}
-    inputs = [str(f) for f in job.inputs_flat() if Path(f).is_file()] + _weights_files(job)
+    inputs = job.input_files()  # the adapter folder is recorded as one input (its digest) below
+    inputs = [f for f in inputs if not f.startswith(str(job.input["adapter"]).rstrip("/") + "/")]
     write_outputs(job, {"predictions": preds, "metrics": metrics_table(preds, tasks)},
                   kinds={"predictions": "predictions", "metrics": "metrics"},
                   config={"entry": p["entry"], "tasks": tasks, "mllm": p["settings"], "source": p["source"]},

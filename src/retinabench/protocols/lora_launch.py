@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -41,7 +42,8 @@ def train_job(spec: dict, log=print) -> dict:
     from retinabench.protocols.lora import LoraSettings, train_lora, training_examples, write_adapter_sidecar
     from retinabench.protocols.mllm import load_mllm
     from retinabench.schemas import read_table
-    torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+    # the job's threads are shared by the processes of its group
+    torch.set_num_threads(max(1, int(spec.get("threads", 1)) // int(os.environ.get("WORLD_SIZE", "1"))))
     settings = LoraSettings.from_config(spec["settings"])
     entry, task = spec["entry"], spec["task"]
     images, index = open_image_cache(spec["inputs"]["array"], spec["inputs"]["index"])
@@ -74,14 +76,20 @@ def processes(setting: str | int, gpus: int) -> int:
     return max(1, min(int(gpus), torch.cuda.device_count())) if torch.cuda.is_available() else 1
 
 
-def launch(spec: dict, n_processes: int, spec_path: str | os.PathLike, log_path: str | os.PathLike | None = None,
-           log=print) -> dict | None:
+def launch(spec: dict, n_processes: int, log=print) -> dict | None:
     """Run :func:`train_job` in this process (``n_processes`` 1) or as a torchrun group of ``n_processes``
-    (the spec written to ``spec_path``); returns rank 0's record in-process, None from a group (its outputs are
-    on disk)."""
+    (the spec handed over in a temporary file); returns rank 0's record in-process, None from a group (its
+    outputs are on disk)."""
     if n_processes == 1:
         return train_job(spec, log=log)
-    Path(spec_path).write_text(json.dumps(spec, indent=1, default=str))
+    with tempfile.TemporaryDirectory(prefix="retinabench-lora-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec, indent=1, default=str))
+        _run_group(spec, n_processes, spec_path, log)
+    return None
+
+
+def _run_group(spec: dict, n_processes: int, spec_path: Path, log) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n_processes}",
            "-m", "retinabench.protocols.lora_launch", str(spec_path)]
     log(f"lora: launching {n_processes} processes: {' '.join(cmd)}")
@@ -99,7 +107,6 @@ def launch(spec: dict, n_processes: int, spec_path: str | os.PathLike, log_path:
         raise RuntimeError(f"lora: the torchrun group of {n_processes} processes failed (exit {proc.returncode}); "
                            "the ranks raised:\n" + ("\n".join(errors) or "(no exception line)")
                            + "\nlast lines:\n" + "\n".join(tail))
-    return None
 
 
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
