@@ -15,22 +15,19 @@ Prints a summary and writes ``$OUT/gpu_check_lora.json`` (or ``--json PATH``).
 """
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from common import gpu_check_device, gpu_check_parser, write_gpu_check  # noqa: E402
 from gpu_check_interfaces import TASK, _peak_gb, _reset_peak, _sync, build_qwen3_vl  # noqa: E402
 from retinabench.prompts import load_prompts  # noqa: E402
 from retinabench.protocols.lora import (LoraSettings, SFTExample, load_adapter, train_lora,  # noqa: E402
@@ -88,19 +85,12 @@ def check_lora(entry: dict, dev, smoke: bool, steps: int, n_answer: int, tmp: Pa
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--smoke", action="store_true", help="tiny config (CPU): keeps the script working")
+    ap = gpu_check_parser(__doc__, "tiny config (CPU): keeps the script working")
     ap.add_argument("--mllm", default="qwen3_vl_8b_instruct", help="registry entry (a Qwen3-VL architecture)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--answers", type=int, default=8)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    dev = torch.device(args.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --smoke --device cpu")
-    if dev.type == "cpu":
-        torch.set_num_threads(1 if args.smoke else min(8, os.cpu_count() or 1))
+    dev = gpu_check_device(args)
     reg = load_registry(REPO / "config/encoders.yaml", "encoders")
     with tempfile.TemporaryDirectory() as tmp:
         r = check_lora(reg[args.mllm], dev, args.smoke, 2 if args.smoke else args.steps,
@@ -112,9 +102,7 @@ def main(argv=None) -> dict:
           f"{r['trainable_params_m']:.1f} M trainable, loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}; adapter "
           f"{r['adapter_mb']:.1f} MB reloaded in {r['reload_s']:.1f} s, {r['answers']} answers in "
           f"{r['generate_s']:.1f} s, max p_yes change {r['max_prob_yes_change']:.3g}")
-    out = Path(args.json) if args.json else Path(os.environ.get("OUT", ".")) / "gpu_check_lora.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=1))
+    write_gpu_check(args, "gpu_check_lora", r)
     return r
 
 
