@@ -1,38 +1,30 @@
-"""config/mllm_demo.yaml through Snakemake (target `lora`), one run shared by every test: the tiny random Qwen2-VL
-is trained with LoRA on the phantom's glaucoma training split, the base model and the adapter answer the phantom's
+"""config/mllm_demo.yaml through Snakemake (target `lora`; the run is shared with the interfaces demo's tests:
+tests/workflow/conftest.py `prompted_demo`): the tiny random Qwen2-VL is trained with LoRA on the phantom's glaucoma training split, the base model and the adapter answer the phantom's
 test split (in-domain) and phantom_siteb's (out-of-domain) through the same job function, and the paired adapter −
 base deltas form Table 5. A random model: the pairing, counts, provenance and files are what is pinned."""
 import json
-import re
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
-
-from tests.conftest import REPO
 
 ENTRY, SOURCE, OOD = "tiny_qwen2_vl", "phantom_cfp_glaucoma", "phantom_siteb_cfp_glaucoma"
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory, make_workflow_copy, run_snakemake):
-    config = yaml.safe_load((REPO / "config/mllm_demo.yaml").read_text())
-    work = make_workflow_copy(tmp_path_factory.mktemp("lora_demo") / "repo", config)
-    proc = run_snakemake(work, "--keep-going", "lora")  # a flag first: --configfile takes several files
-    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", proc.stdout + proc.stderr, re.M)}
-    return {"work": work, "R": work / "results", "counts": counts, "proc": proc, "run": run_snakemake}
+def demo(prompted_demo, run_snakemake):
+    """The shared run of config/interfaces_demo.yaml + config/mllm_demo.yaml (tests/workflow/conftest.py)."""
+    return {**prompted_demo, "run": run_snakemake}
 
 
 def test_the_demo_trains_infers_and_compares_and_nothing_else(demo):
     c = demo["counts"]
-    assert (c["tiny_model"], c["mllm"], c["mllm_lora_train"], c["mllm_lora_infer"], c["mllm_lora_deltas"]) == (
-        1, 1, 1, 1, 1), c
-    assert not any(k in c for k in ("features", "frozen", "zeroshot", "reliability")), c
+    assert (c["mllm"], c["mllm_lora_train"], c["mllm_lora_infer"], c["mllm_lora_deltas"]) == (1, 1, 1, 1), c
+    assert not any(k in c for k in ("features", "frozen", "collect_metrics")), c
     log = (demo["R"] / f"logs/mllm_lora_train/{ENTRY}/{SOURCE}.log").read_text()
     assert "training with 1 process(es)" in log and log.rstrip().splitlines()[-1].startswith("[done] mllm_lora_train")
     # a rerun has nothing to do: the adapter folder, its sidecar and every table are up to date
-    again = demo["run"](demo["work"], "-n", "lora")
+    again = demo["run"](demo["work"], "-n", "interfaces", "lora")
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
 
 
@@ -66,7 +58,7 @@ def test_the_adapter_answers_the_same_questions_as_the_base_model(demo):
     assert set(adapted["task"]) == {SOURCE, OOD} and (adapted["train_task"] == SOURCE).all()
     assert (adapted["train_dataset"] == "phantom").all() and adapted["adapter"].nunique() == 1
     key = ["image_id", "task", "regime", "split"]
-    b = base[base["protocol"] == "mllm"].set_index(key).sort_index()
+    b = base[(base["protocol"] == "mllm") & base["task"].isin([SOURCE, OOD])].set_index(key).sort_index()
     a = adapted[adapted["protocol"] == "mllm_lora"].set_index(key).sort_index()
     assert a.index.equals(b.index)            # the same rows ...
     assert (a["prompt"] == b["prompt"]).all()  # ... asked the same question; only the model differs
@@ -112,6 +104,6 @@ def test_every_delta_traces_back_to_the_adapter_and_the_base_predictions(demo, m
 
 def test_the_report_has_a_lora_section_with_table5(demo):
     report = demo["work"] / "results/report.html"
-    demo["run"](demo["work"], "--report", str(report), "lora")
+    demo["run"](demo["work"], "--report", str(report), "interfaces", "lora")
     html = report.read_text(errors="replace")
     assert "9. LoRA fine-tuning of MLLMs" in html and "table5.png" in html and "table5.csv" in html
