@@ -21,6 +21,7 @@ include: "workflow/rules/features.smk"
 include: "workflow/rules/probes.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/interfaces.smk"
+include: "workflow/rules/lora.smk"
 include: "workflow/rules/reliability.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/saliency.smk"
@@ -37,6 +38,12 @@ rule all:
 rule interfaces:
     input:
         P.interface_targets(),
+
+
+# LoRA SFT of MLLMs alone: train -> base + adapter inference -> paired deltas (config/mllm_demo.yaml).
+rule lora:
+    input:
+        P.lora_targets(),
 
 
 apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)

@@ -59,3 +59,34 @@ def interleaved_times(first, second, repeats: int) -> tuple[list[float], list[fl
 
 def set_threads(n: int = 2) -> None:
     torch.set_num_threads(n)
+
+
+def gpu_check_parser(doc: str, smoke_help: str):
+    """The arguments every GPU check shares: --device (cuda), --smoke (tiny configs on CPU), --json."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help=smoke_help)
+    ap.add_argument("--json", default=None)
+    return ap
+
+
+def gpu_check_device(args) -> torch.device:
+    """The checked device: CUDA must be present when asked for; CPU runs take 1 thread (smoke) or up to 8."""
+    import os
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --smoke --device cpu")
+    if dev.type == "cpu":
+        torch.set_num_threads(1 if args.smoke else min(8, os.cpu_count() or 1))
+    return dev
+
+
+def write_gpu_check(args, name: str, report: dict) -> Path:
+    """A GPU check's JSON: ``--json PATH``, else ``$OUT/<name>.json`` (the device machine's returned folder)."""
+    import json
+    import os
+    out = Path(args.json) if args.json else Path(os.environ.get("OUT", ".")) / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    return out

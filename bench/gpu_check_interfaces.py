@@ -17,10 +17,8 @@ Prints a table and writes ``$OUT/gpu_check_interfaces.json`` (or ``--json PATH``
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
-import os
 import sys
 import tempfile
 import time
@@ -33,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from common import interleaved_times  # noqa: E402
+from common import gpu_check_device, gpu_check_parser, write_gpu_check, interleaved_times  # noqa: E402
 from retinabench.models.loaders import hf_config  # noqa: E402
 from retinabench.prompts import load_prompts  # noqa: E402
 from retinabench.protocols.mllm import (_batch_inputs, generate_answers, greedy_config, load_mllm,  # noqa: E402
@@ -202,21 +200,14 @@ def check_dual(entry: dict, dev, smoke: bool, n: int, batch: int, tmp: Path) -> 
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--smoke", action="store_true", help="tiny configs (CPU): keeps the script working")
+    ap = gpu_check_parser(__doc__, "tiny configs (CPU): keeps the script working")
     ap.add_argument("--mllm", default="qwen3_vl_8b_instruct", help="registry entry (a Qwen3-VL architecture)")
     ap.add_argument("--dual", default="siglip_so400m_patch14_384", help="registry entry (a SigLIP architecture)")
     ap.add_argument("--images", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    dev = torch.device(args.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --smoke --device cpu")
-    if dev.type == "cpu":
-        torch.set_num_threads(1 if args.smoke else min(8, os.cpu_count() or 1))
+    dev = gpu_check_device(args)
     reg = load_registry(REPO / "config/encoders.yaml", "encoders")
     n = 4 if args.smoke else args.images
     batch = 2 if args.smoke else args.batch
@@ -234,9 +225,7 @@ def main(argv=None) -> dict:
     print(f"zeroshot {z['model']} @{z['input_size']}px: {z['images_per_s']:.1f} images/s at batch {z['batch']}, "
           f"peak {z['peak_gpu_gb'] if z['peak_gpu_gb'] is None else round(z['peak_gpu_gb'], 1)} GB, probabilities "
           f"ok: {z['probabilities_ok']}")
-    out = Path(args.json) if args.json else Path(os.environ.get("OUT", ".")) / "gpu_check_interfaces.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    write_gpu_check(args, "gpu_check_interfaces", report)
     return report
 
 

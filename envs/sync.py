@@ -31,7 +31,7 @@ TORCH_STACK = {"torch", "torchvision", "triton", "captum", "timm", "open_clip_to
 GPU_PREFIXES = ("nvidia-", "cuda-")
 DEV_TOOLS = {"pytest", "iniconfig", "pluggy", "ruff", "snakefmt", "black", "mypy_extensions", "pathspec",
              "pytokens", "shfmt-py"}
-MLLM_ONLY: set[str] = set()
+MLLM_ONLY: set[str] = {"peft", "accelerate"}  # LoRA SFT of MLLMs
 ENVS = {
     "core": "CPU rules: data, metrics collection, analysis, reliability (no torch stack)",
     "torch": "GPU rules: features, frozen probes, transfer, fine-tuning, learning-rate sweep",

@@ -49,3 +49,21 @@ def test_missing_input_or_sidecar_is_an_error(tmp_path):
         write_sidecar(art, rule="r", inputs=[tmp_path / "nope"])
     with pytest.raises(FileNotFoundError, match="no provenance sidecar"):
         read_sidecar(art)
+
+
+def test_a_folder_artifact_records_every_file_and_goes_stale_when_one_changes(tmp_path):
+    from retinabench.provenance import folder_digest, folder_files, provenance_chain, read_sidecar, write_sidecar
+    d = tmp_path / "adapter"
+    d.mkdir()
+    (d / "adapter_config.json").write_text("{}")
+    (d / "adapter_model.safetensors").write_bytes(b"weights")
+    write_sidecar(d, rule="train")
+    rec = read_sidecar(d)
+    assert set(rec["files"]) == {"adapter_config.json", "adapter_model.safetensors"}
+    assert rec["sha256"] == folder_digest(folder_files(d))
+    out = tmp_path / "preds.parquet"
+    out.write_bytes(b"x")
+    write_sidecar(out, rule="infer", inputs=[d])
+    assert [n["stale"] for n in provenance_chain(out)] == [False, False]
+    (d / "adapter_model.safetensors").write_bytes(b"other")
+    assert [n["stale"] for n in provenance_chain(out)] == [False, True]

@@ -112,10 +112,13 @@ def test_run_stage_ends_the_log_with_the_summary(tmp_path, capsys):
 
 def test_opt_in_layers_left_off_are_listed_with_how_to_turn_them_on():
     rows = skipped.optional_layers({"saliency": {"enabled": False}, "compute": {"enabled": False}})
-    assert [r["output"] for r in rows] == ["saliency", "compute"]
-    assert all(r["section"] == skipped.SALIENCY_COMPUTE for r in rows)
+    assert [r["output"] for r in rows] == ["saliency", "compute", "lora_table5"]
+    assert [r["section"] for r in rows] == [skipped.SALIENCY_COMPUTE] * 2 + [skipped.LORA]
     assert "saliency.enabled: true" in rows[0]["reason"] and "compute.enabled: true" in rows[1]["reason"]
-    assert skipped.optional_layers({"saliency": {"enabled": True}, "compute": {"enabled": True}}) == []
+    assert "lora.enabled: true" in rows[2]["reason"]
+    assert skipped.optional_layers({"saliency": {"enabled": True}, "compute": {"enabled": True},
+                                    "lora": {"enabled": True}}) == []
+    rows = rows[:2]
     table = skipped.collect(rows + [skipped.record("cd_diagram", "needs >= 3 encoders")], {},
                             produced=["rank_distribution"])
     assert table["output"].iloc[0] == "cd_diagram"  # report sections first, then the opt-in layers

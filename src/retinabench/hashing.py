@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 _CHUNK = 1 << 20
+# Snakemake's marker in a directory() output (written after the job): never part of a folder's content
+SNAKEMAKE_MARKER = ".snakemake_timestamp"
 # Keyed by (path, size, mtime_ns): a job hashes its inputs once even when it records them twice, and the raw-file
 # cache (retinabench.data.raw_state) can hand over digests of files whose size and mtime did not change.
 _memo: dict[tuple[str, int, int], str] = {}

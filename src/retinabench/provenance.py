@@ -17,11 +17,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from retinabench.hashing import sha256_file
+from retinabench.hashing import SNAKEMAKE_MARKER, sha256_file
 
 SIDECAR_SUFFIX = ".prov.json"
 _PACKAGES = ("retinabench", "torch", "torchvision", "timm", "numpy", "pandas", "pyarrow", "scikit-learn",
-             "scipy", "scikit-posthocs", "matplotlib", "snakemake", "open_clip_torch", "transformers")
+             "scipy", "scikit-posthocs", "matplotlib", "snakemake", "open_clip_torch", "transformers", "peft", "accelerate")
 
 
 def sidecar_path(artifact: str | os.PathLike) -> Path:
@@ -53,23 +53,46 @@ def code_state(start: str | os.PathLike | None = None) -> dict[str, Any]:
         return {"commit": None, "dirty": None, "why": f"git unavailable: {err}"}
 
 
+def folder_files(folder: str | os.PathLike) -> dict[str, str]:
+    """sha256 of every file under ``folder`` (relative POSIX paths, sorted; Snakemake's marker left out); a folder
+    artifact's content."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): sha256_file(p)
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != SNAKEMAKE_MARKER}
+
+
+def folder_digest(files: dict[str, str]) -> str:
+    """One sha256 for a folder: of its sorted ``path<TAB>sha256`` lines."""
+    import hashlib
+    return hashlib.sha256("".join(f"{k}\t{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+
+
+def artifact_sha256(path: str | os.PathLike) -> str:
+    """A file's sha256, or a folder's :func:`folder_digest`."""
+    path = Path(path)
+    return folder_digest(folder_files(path)) if path.is_dir() else sha256_file(path)
+
+
 def describe_inputs(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
     out = []
     for p in paths:
         p = Path(p)
-        if not p.is_file():
-            raise FileNotFoundError(f"provenance: input {p} does not exist or is not a file")
-        out.append({"path": str(p), "sha256": sha256_file(p), "sidecar": sidecar_path(p).is_file()})
+        if not (p.is_file() or p.is_dir()):
+            raise FileNotFoundError(f"provenance: input {p} does not exist")
+        out.append({"path": str(p), "sha256": artifact_sha256(p), "sidecar": sidecar_path(p).is_file()})
     return out
 
 
 def write_sidecar(artifact: str | os.PathLike, *, rule: str, inputs: Iterable[str | os.PathLike] = (),
                   wildcards: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
                   seed: int | list[int] | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``artifact``'s sidecar. A folder artifact (an adapter) records every file with its sha256 under
+    ``files`` and their :func:`folder_digest` as its ``sha256``."""
     artifact = Path(artifact)
+    files = folder_files(artifact) if artifact.is_dir() else None
     record = {
         "artifact": str(artifact),
-        "sha256": sha256_file(artifact),
+        "sha256": folder_digest(files) if files is not None else sha256_file(artifact),
         "rule": rule,
         "wildcards": dict(wildcards or {}),
         "inputs": describe_inputs(inputs),
@@ -82,6 +105,8 @@ def write_sidecar(artifact: str | os.PathLike, *, rule: str, inputs: Iterable[st
         "argv": sys.argv[:1],
         "extra": extra or {},
     }
+    if files is not None:
+        record["files"] = files
     path = sidecar_path(artifact)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
@@ -109,8 +134,8 @@ def provenance_chain(artifact: str | os.PathLike, *, verify: bool = True) -> lis
     def visit(path: Path, depth: int, expected_sha: str | None) -> None:
         key = str(path)
         stale = False
-        if verify and expected_sha is not None and path.is_file():
-            stale = sha256_file(path) != expected_sha
+        if verify and expected_sha is not None and path.exists():
+            stale = artifact_sha256(path) != expected_sha
         if key in seen:
             return
         seen.add(key)

@@ -82,7 +82,8 @@ def finetune_settings(config: dict) -> dict:
     out["augment"] = augment_settings(given.get("augment"))
     bad = sorted(set(out["protocols"]) - set(FINETUNE_PROTOCOLS))
     if bad:
-        raise ValueError(f"finetune.protocols: unknown {bad}; expected a subset of {list(FINETUNE_PROTOCOLS)}")
+        hint = " (LoRA SFT of MLLMs is its own stage: config `lora:`)" if any("lora" in b for b in bad) else ""
+        raise ValueError(f"finetune.protocols: unknown {bad}; expected a subset of {list(FINETUNE_PROTOCOLS)}{hint}")
     return out
 
 
@@ -309,4 +310,44 @@ def compute_settings(config: dict) -> dict:
         raise ValueError(f"compute.training.protocols: unknown {wrong}; expected finetune and/or linear_aug")
     if out["precision"] not in ("auto", "bf16", "fp32"):
         raise ValueError(f"compute.precision must be auto, bf16 or fp32, got {out['precision']!r}")
+    return out
+
+
+# `lora:` (retinabench.protocols.lora, workflow/rules/lora.smk): LoRA SFT of MLLMs, one adapter per (MLLM, source
+# task), evaluated in-domain and on every other grid task of the same task / harmonised id, paired with the base.
+LORA_DEFAULTS: dict[str, Any] = {
+    "enabled": False,
+    "encoders": None,             # null: the MLLMs the mllm interface runs (mllm.encoders / every mllm entry)
+    "sources": [],                # source tasks: grid task names or fnmatch patterns (FOCUS: BRSET, mBRSET tasks)
+    "test_tasks": "auto",         # auto: every grid task that is the source task or shares its harmonised id
+    "gpus": 4,                    # GPUs of a training job (Slurm --gpus); inference jobs take 1
+    "processes": "auto",          # training processes: auto = one per visible GPU (<= gpus), 1 on CPU; or an int
+    "device": "auto",             # auto: CUDA if present
+    "threads": 4,                 # a training job's CPU threads, shared by its processes
+    "train": {},                  # retinabench.protocols.lora.LoraSettings (FOCUS defaults), unknown keys fail
+    "deltas": {"unit": "patient", "n_boot": 1000, "seed": 0, "level": 0.95,
+               "metrics": ["auroc", "auprc", "accuracy", "f1", "ece"],
+               "variant": "invalid_wrong"},   # Table 5's hard-decision variant (invalid_wrong | valid_both)
+}
+
+
+def lora_settings(config: dict) -> dict:
+    """The config's ``lora:`` section over the defaults; unknown keys (also in ``deltas``) are an error; ``train``
+    is checked by :class:`retinabench.protocols.lora.LoraSettings`."""
+    given = copy.deepcopy(config.get("lora") or {})
+    unknown = sorted(set(given) - set(LORA_DEFAULTS))
+    if unknown:
+        raise KeyError(f"lora: unknown key(s) {unknown}; known: {sorted(LORA_DEFAULTS)}")
+    out = {**copy.deepcopy(LORA_DEFAULTS), **given}
+    bad = sorted(set(given.get("deltas") or {}) - set(LORA_DEFAULTS["deltas"]))
+    if bad:
+        raise KeyError(f"lora.deltas: unknown key(s) {bad}; known: {sorted(LORA_DEFAULTS['deltas'])}")
+    out["deltas"] = {**LORA_DEFAULTS["deltas"], **(given.get("deltas") or {})}
+    out["train"] = dict(given.get("train") or {})
+    if out["deltas"]["unit"] not in BOOTSTRAP_UNITS:
+        raise ValueError(f"lora.deltas.unit must be patient or image, got {out['deltas']['unit']!r}")
+    if out["deltas"]["variant"] not in ("invalid_wrong", "valid_both"):
+        raise ValueError(f"lora.deltas.variant must be invalid_wrong or valid_both, got {out['deltas']['variant']!r}")
+    if isinstance(out["sources"], str):
+        out["sources"] = [out["sources"]]
     return out

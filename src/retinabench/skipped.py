@@ -28,6 +28,7 @@ RANKING, PROTOCOLS, SUBSETS, LEAKAGE, FAIRNESS, SENSITIVITY, RELIABILITY = (
 SKIPPED_SECTION = "0. Skipped analyses"
 # Opt-in layers whose figures are files, not report sections (workflow/rules/saliency.smk, compute.smk).
 SALIENCY_COMPUTE = "8. Saliency and compute"
+LORA = "9. LoRA fine-tuning of MLLMs"   # opt-in (config `lora:`), workflow/rules/lora.smk
 # Report section of every figure and report table (workflow/rules/*.smk use it for the report's categories).
 SECTIONS: dict[str, str] = {
     "rank_distribution": RANKING, "cd_diagram": RANKING, "ranking_table": RANKING, "appendix_table": RANKING,
@@ -40,6 +41,7 @@ SECTIONS: dict[str, str] = {
     "lr_sensitivity": SENSITIVITY, "srd_lr": SENSITIVITY, "lr_transfer": SENSITIVITY,
     "reliability_diagrams": RELIABILITY, "transfer": RELIABILITY,
     "skipped_analyses": SKIPPED_SECTION, "saliency": SALIENCY_COMPUTE, "compute": SALIENCY_COMPUTE,
+    "lora_table5": LORA,
 }
 SECTION_ORDER = [RANKING, PROTOCOLS, SUBSETS, LEAKAGE, FAIRNESS, SENSITIVITY, RELIABILITY]
 
@@ -52,7 +54,7 @@ def record(output: str, reason: str, *, part: str = "all", n: int | None = None,
 
 
 def optional_layers(config: dict) -> list[dict]:
-    """Rows for the opt-in layers a config leaves off (saliency maps, the compute benchmark), so that the table
+    """Rows for the opt-in layers a config leaves off (saliency maps, the compute benchmark, LoRA), so that the table
     says they were not produced and how to turn them on."""
     rows = []
     if not (config.get("saliency") or {}).get("enabled"):
@@ -61,6 +63,9 @@ def optional_layers(config: dict) -> list[dict]:
     if not (config.get("compute") or {}).get("enabled"):
         rows.append(record("compute", "the compute benchmark is opt-in: set compute.enabled: true (its timings "
                                       "and memory belong to the device the jobs run on)"))
+    if not (config.get("lora") or {}).get("enabled"):
+        rows.append(record("lora_table5", "LoRA SFT of MLLMs is opt-in: set lora.enabled: true with lora.sources "
+                                          "(needs mllm.enabled for the base-model results)"))
     return rows
 
 
@@ -130,7 +135,7 @@ def collect(planned: list[dict], figure_tables: dict[str, str], *, coverage: str
             rows.append(record("(whole section)", "no figure or table of this section was produced (rows above)",
                                section=section))
     df = frame(rows)
-    order = {s: i for i, s in enumerate([*SECTION_ORDER, SALIENCY_COMPUTE, SKIPPED_SECTION, ""])}
+    order = {s: i for i, s in enumerate([*SECTION_ORDER, SALIENCY_COMPUTE, LORA, SKIPPED_SECTION, ""])}
     df = df.assign(_s=df["section"].map(lambda s: order.get(s, len(order)))).sort_values(
         ["_s", "output", "part"], kind="stable").drop(columns="_s").reset_index(drop=True)
     return df

@@ -314,8 +314,9 @@ def test_settings_reject_unknown_keys():
     assert finetune_settings({})["epochs"] == 100
     with pytest.raises(KeyError, match="finetune: unknown key"):
         finetune_settings({"finetune": {"epoch": 3}})
-    with pytest.raises(ValueError, match="finetune.protocols"):
-        finetune_settings({"finetune": {"protocols": ["lora"]}})
+    # the vision fine-tuning layer has no LoRA protocol; MLLM LoRA SFT is the `lora:` stage (tests/pipeline/test_plan_lora.py)
+    with pytest.raises(ValueError, match=r"finetune.protocols.*its own stage: config `lora:`"):
+        finetune_settings({"finetune": {"protocols": ["mllm_lora"]}})
 
 
 def test_stage_writes_outputs_sidecars_and_records_the_chosen_lr(data, tmp_path):

@@ -1,6 +1,7 @@
 """A tiny copy of the workflow (.test/config/config.yaml: phantom data, two offline encoders) run once per test
 session."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,29 @@ def tiny_workflow(tmp_path_factory) -> Path:
     run = snakemake(workdir)
     (workdir / "run.log").write_text(run.stdout + run.stderr)  # what the console showed (tests read it)
     return workdir
+
+
+def merged(*configs: dict) -> dict:
+    """Config files merged the way Snakemake merges several --configfile values (nested mappings key by key)."""
+    out: dict = {}
+    for c in configs:
+        for k, v in c.items():
+            out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.fixture(scope="session")
+def prompted_demo(tmp_path_factory) -> dict:
+    """One run serving the demo tests of the prompt-based protocols and LoRA: config/interfaces_demo.yaml merged
+    with config/mllm_demo.yaml (as `--configfile` both would be), targets `interfaces` and `lora` — the tiny models
+    built once, zero-shot and MLLM prompting, their reliability tables, LoRA training, adapter inference and the
+    deltas. Tests may read it but must copy it before changing anything."""
+    demo = merged(*(yaml.safe_load((REPO / f"config/{n}.yaml").read_text()) for n in ("interfaces_demo",
+                                                                                       "mllm_demo")))
+    work = copy_workflow(tmp_path_factory.mktemp("prompted_demo") / "repo", demo)
+    proc = snakemake(work, "--keep-going", "interfaces", "lora")  # a flag first: --configfile takes several files
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", proc.stdout + proc.stderr, re.M)}
+    return {"work": work, "R": work / "results", "counts": counts, "proc": proc}
 
 
 @pytest.fixture(scope="session")

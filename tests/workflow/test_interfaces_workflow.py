@@ -43,25 +43,13 @@ def test_enabling_the_interfaces_adds_their_jobs_and_nothing_else(tmp_path, make
     assert yaml.safe_load((work / "config/tiny.yaml").read_text())["mllm"]["encoders"] == ml
 
 
-def test_the_interfaces_demo_runs_through_snakemake_on_the_phantom_with_the_tiny_models(tmp_path,
-                                                                                        make_workflow_copy):
-    """config/interfaces_demo.yaml, target `interfaces`: rule tiny_model builds the demo registry's two models
-    (sha256-pinned folders, verified on load), both interfaces run on the phantom, and the interface tables and the
-    reliability tables of both sources come out (random models: chance level; the counts are what is pinned)."""
+def test_the_interfaces_demo_runs_through_snakemake_on_the_phantom_with_the_tiny_models(prompted_demo):
+    """config/interfaces_demo.yaml (with config/mllm_demo.yaml: one shared run, targets `interfaces` and `lora`):
+    rule tiny_model builds the demo registry's two models (sha256-pinned folders, verified on load), both
+    interfaces run on the phantom, and the interface tables and the reliability tables of both sources come out
+    (random models: chance level; the counts are what is pinned)."""
     import pandas as pd
-
-    from tests.workflow.conftest import SNAKEMAKE
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    work = make_workflow_copy(tmp_path / "demo", {})
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    proc = subprocess.run([SNAKEMAKE, "--profile", "profiles/local", "--cores", "2", "interfaces", "--configfile",
-                           "config/interfaces_demo.yaml"], cwd=work, capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", proc.stdout + proc.stderr, re.M)}
+    counts, work = prompted_demo["counts"], prompted_demo["work"]
     assert counts["tiny_model"] == 2 and counts["zeroshot"] == 1 and counts["mllm"] == 1
     assert counts["reliability"] == 2 and counts["interface_tables"] == 1
     assert not any(k in counts for k in ("features", "frozen", "collect_metrics")), counts

@@ -11,12 +11,19 @@ pointing at that cluster. slurmctld's own job records show that GPU rules got th
 and the CPU rule neither; outputs equal a local run's; a features job and a fine-tuning job cancelled mid-run with
 scancel are reported and the next run completes them, the fine-tuning job resuming from its checkpoint
 (bit-identical to the uninterrupted local run); a job failing once (test-only srun wrapper) is retried; a gpu=2
-rule gets two GPUs and runs torchrun across them. ci/slurm/down.sh stops every daemon by its own pid, also when a
-test fails, and no job process may outlive the cluster. To keep it short, the main Snakemake process polls Slurm
-every 2 s (FAST_POLL) instead of the plugin's growing interval.
+rule gets two GPUs and runs torchrun across them. Meanwhile, in a second workdir on the same cluster, the LoRA SFT
+demo (config/mllm_demo.yaml: tiny random Qwen2-VL on the phantom glaucoma task, 6 steps, `lora.gpus: 2`,
+`lora.processes: 2`) runs its training job as one 2-GPU job on the gpu partition (2 CPUs per GPU from the rule's
+4 threads) that launches a torchrun group of 2 CPU (gloo) processes: the adapter folder, its sidecar (every file's
+sha256) and compute.json (world size 2, the configured effective batch batch x grad_accum kept by splitting the
+accumulation over the processes) appear; then the adapter's inference job asks for 1 GPU and predicts with that
+adapter in- and out-of-domain. ci/slurm/down.sh stops every daemon by its own pid, also when a test fails, and no
+job process may outlive the cluster. To keep it short, the main Snakemake process polls Slurm every 2 s (FAST_POLL)
+instead of the plugin's growing interval.
 
 Without the Slurm binaries or root the cluster tests skip with the reason, except under CI, where they fail; skip
-them with `-m "not slurm"`. About 3.5 minutes on a 2-core machine (3 min 43 s measured with other work running).
+them with `-m "not slurm"`. About 4.5 minutes on a 2-core machine with other work running (4 min 16 s before the
+LoRA jobs were added, 4 min 24 s with them; they overlap the other phases).
 """
 from __future__ import annotations
 
@@ -30,6 +37,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import hashlib
+import json
 
 import pandas as pd
 import pytest
@@ -70,6 +80,15 @@ CI_FLAGS = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-sta
 GPU_RULES = {"features", "finetune"}
 CPU_RULES = {"phantom", "manifest", "duplicates", "image_cache", "split", "task_split", "frozen"}
 SLURM_RULES = {"features", "frozen", "finetune"}  # what the cluster runs: the targets' upstream runs locally
+# LoRA SFT (issue 13): the demo over config/config.yaml, with a 2-GPU training job running 2 torchrun processes on CPU
+# and 6 optimizer steps. grad_accum 2 over 2 processes: 1 per process, the effective batch stays batch x 2.
+LORA_MODEL, LORA_TASK, LORA_OOD_TASK = "tiny_qwen2_vl", "phantom_cfp_glaucoma", "phantom_siteb_cfp_glaucoma"
+LORA_OVERRIDES = {"lora": {"gpus": 2, "processes": 2, "train": {"max_steps": 6, "grad_accum": 2}}}
+LORA_CONFIGS = ("config/mllm_demo.yaml", "config/lora_slurm.yaml")
+LORA_DIR = f"results/lora/{LORA_MODEL}/{LORA_TASK}"
+LORA_TARGET = f"results/metrics/mllm_lora/{LORA_MODEL}/{LORA_TASK}.parquet"  # needs the training job's adapter
+LORA_PREDICTIONS = f"results/predictions/mllm_lora/{LORA_MODEL}/{LORA_TASK}.parquet"
+LORA_RULES = {"mllm_lora_train", "mllm_lora_infer"}  # what the cluster runs of it: data and tiny model run locally
 
 
 def workflow_copy(dest: Path) -> Path:
@@ -83,10 +102,24 @@ def workflow_copy(dest: Path) -> Path:
     return dest
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, timeout: float = 300,
+              configs: tuple[str, ...] = ("config/tiny.yaml",)) -> subprocess.CompletedProcess:
     """Run snakemake locally (targets first: --configfile takes several values); return the finished process."""
-    cmd = [SNAKEMAKE, *args, "--configfile", "config/tiny.yaml"]
+    cmd = [SNAKEMAKE, *args, "--configfile", *configs]
     return subprocess.run(cmd, cwd=workdir, env=base_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def lora_workflow_copy(dest: Path) -> Path:
+    """The workflow with the LoRA demo config and this test's overrides (config/lora_slurm.yaml)."""
+    workflow_copy(dest)
+    (dest / LORA_CONFIGS[1]).write_text(yaml.safe_dump(LORA_OVERRIDES))
+    return dest
+
+
+def lora_train_settings() -> dict:
+    """lora.train as the LoRA run merges it: the demo's, then this test's overrides."""
+    demo = yaml.safe_load((REPO / LORA_CONFIGS[0]).read_text())["lora"]["train"]
+    return {**demo, **LORA_OVERRIDES["lora"]["train"]}
 
 
 def base_env() -> dict:
@@ -281,9 +314,10 @@ def alive(pid: int) -> bool:
 def cluster(tmp_path_factory):
     require_slurm()
     base = tmp_path_factory.mktemp("slurm")
-    # 4 CPUs on a 2-core machine and 4 GPUs: independent jobs overlap (most of a job's time is Snakemake starting).
-    env = dict(base_env(), SLURMCTLD_PORT=str(free_port()), SLURMD_PORT=str(free_port()), SLURM_NODE_CPUS="4",
-               SLURM_FAKE_GPUS="4")
+    # 8 CPUs on a 2-core machine and 6 GPUs: independent jobs overlap (most of a job's time is Snakemake starting),
+    # the LoRA training job's 2 GPUs x 2 CPUs included.
+    env = dict(base_env(), SLURMCTLD_PORT=str(free_port()), SLURMD_PORT=str(free_port()), SLURM_NODE_CPUS="8",
+               SLURM_FAKE_GPUS="6")
     env["PATH"] += ":/usr/sbin:/sbin"
     started = None
     try:
@@ -318,6 +352,8 @@ class SlurmRuns:
     completed: subprocess.CompletedProcess
     multi_gpu: Path
     multi_gpu_run: subprocess.CompletedProcess
+    lora: Path
+    lora_run: subprocess.CompletedProcess
     jobs: list[dict]
 
 
@@ -356,14 +392,13 @@ def slurm_runs(cluster, tmp_path_factory) -> SlurmRuns:
     local copy finishes the targets, for comparison); 2) the same command with the profile's retries while the first
     frozen job fails once: completes everything (meanwhile a 2-GPU toy job runs). Upstream rules run locally only to
     keep the test short: every rule's routing is checked by the dry runs above, and each Slurm job costs two
-    Snakemake start-ups plus status polling."""
+    Snakemake start-ups plus status polling. The LoRA demo has its own workdir (another config: its data and tiny
+    model are prepared locally alongside the targets' upstream); `snakemake LORA_TARGET --profile slurm --retries 0`
+    runs its training and inference jobs on the cluster during 1) and 2)."""
     tmp = tmp_path_factory.mktemp("slurmrun")
     local = workflow_copy(tmp / "local")
-    upstream = snakemake(local, TARGET, FT_TARGET, "--until", "task_split", "image_cache", "--profile",
-                         "profiles/local", "--cores", "2")
-    assert upstream.returncode == 0, upstream.stderr[-6000:]
+    lora = lora_workflow_copy(tmp / "lora")
     work = tmp / "repo"
-    shutil.copytree(local, work, symlinks=True)  # with .snakemake/ metadata and modification times
     (tmp / "site.yaml").write_text(yaml.safe_dump(CI_SITE))
     flags, inject = tmp / "fail-once", tmp / "inject"
     flags.mkdir()
@@ -374,20 +409,35 @@ def slurm_runs(cluster, tmp_path_factory) -> SlurmRuns:
     env = dict(cluster.env, RETINABENCH_SITE=str(tmp / "site.yaml"), PATH=f"{inject}:{cluster.env['PATH']}",
                PYTHONPATH=os.pathsep.join(filter(None, [str(inject), cluster.env.get("PYTHONPATH")])))
     cmd = [SNAKEMAKE, TARGET, FT_TARGET, "--profile", "slurm", *CI_FLAGS, "--configfile", "config/tiny.yaml"]
+    lora_cmd = [SNAKEMAKE, LORA_TARGET, "--profile", "slurm", *CI_FLAGS, "--retries", "0",
+                "--configfile", *LORA_CONFIGS]
 
-    logs = {name: open(tmp / f"{name}.log", "w+") for name in ("cancelled", "local")}
-    procs = {
-        "local": subprocess.Popen([SNAKEMAKE, TARGET, FT_TARGET, "--profile", "profiles/local", "--cores", "2",
-                                   "--configfile", "config/tiny.yaml"], cwd=local, env=base_env(),
-                                  stdout=logs["local"], stderr=subprocess.STDOUT, text=True),
-        "cancelled": subprocess.Popen([*cmd, "--retries", "0"], cwd=work, env=env, stdout=logs["cancelled"],
-                                      stderr=subprocess.STDOUT, text=True),
-    }
-    # Cancel features once its stage runs, fine-tuning once it has written its first checkpoint.
-    ready = {"features": lambda: (work / f"results/logs/features/{ENCODER}/phantom.log").is_file(),
-             "finetune": lambda: any((work / FT_CHECKPOINTS).rglob("epoch*.pt.sha256"))}
+    logs = {name: open(tmp / f"{name}.log", "w+") for name in ("lora_upstream", "cancelled", "local", "lora")}
+    procs = {}
     cancelled_ids = {}
     try:
+        procs["lora_upstream"] = subprocess.Popen(
+            [SNAKEMAKE, LORA_TARGET, "--until", "task_split", "image_cache", "tiny_model", "--profile",
+             "profiles/local", "--cores", "2", "--configfile", *LORA_CONFIGS], cwd=lora, env=base_env(),
+            stdout=logs["lora_upstream"], stderr=subprocess.STDOUT, text=True)
+        upstream = snakemake(local, TARGET, FT_TARGET, "--until", "task_split", "image_cache", "--profile",
+                             "profiles/local", "--cores", "2")
+        assert upstream.returncode == 0, upstream.stderr[-6000:]
+        shutil.copytree(local, work, symlinks=True)  # with .snakemake/ metadata and modification times
+        procs["lora_upstream"].wait(timeout=240)
+        lora_upstream = finished(procs["lora_upstream"], logs["lora_upstream"])
+        assert lora_upstream.returncode == 0, lora_upstream.stdout[-6000:]
+
+        procs["local"] = subprocess.Popen([SNAKEMAKE, TARGET, FT_TARGET, "--profile", "profiles/local", "--cores",
+                                           "2", "--configfile", "config/tiny.yaml"], cwd=local, env=base_env(),
+                                          stdout=logs["local"], stderr=subprocess.STDOUT, text=True)
+        procs["cancelled"] = subprocess.Popen([*cmd, "--retries", "0"], cwd=work, env=env, stdout=logs["cancelled"],
+                                              stderr=subprocess.STDOUT, text=True)
+        procs["lora"] = subprocess.Popen(lora_cmd, cwd=lora, env=env, stdout=logs["lora"],
+                                         stderr=subprocess.STDOUT, text=True)
+        # Cancel features once its stage runs, fine-tuning once it has written its first checkpoint.
+        ready = {"features": lambda: (work / f"results/logs/features/{ENCODER}/phantom.log").is_file(),
+                 "finetune": lambda: any((work / FT_CHECKPOINTS).rglob("epoch*.pt.sha256"))}
         deadline = time.monotonic() + 240
         while procs["cancelled"].poll() is None and time.monotonic() < deadline and len(cancelled_ids) < 2:
             for job in cluster.jobs():
@@ -399,7 +449,9 @@ def slurm_runs(cluster, tmp_path_factory) -> SlurmRuns:
         procs["cancelled"].wait(timeout=180)
         cancelled = finished(procs["cancelled"], logs["cancelled"])
         assert set(cancelled_ids) == set(ready), f"cancelled only {cancelled_ids}:\n{cancelled.stdout[-6000:]}"
-        results = run_b_with_multi_gpu_toy(tmp, work, env, cmd, flags)  # the local run may still go on
+        results = run_b_with_multi_gpu_toy(tmp, work, env, cmd, flags)  # the local and LoRA runs may still go on
+        procs["lora"].wait(timeout=240)
+        lora_run = finished(procs["lora"], logs["lora"])
         procs["local"].wait(timeout=240)
         local_run = finished(procs["local"], logs["local"])
         assert local_run.returncode == 0, local_run.stdout[-6000:]
@@ -411,8 +463,8 @@ def slurm_runs(cluster, tmp_path_factory) -> SlurmRuns:
     jobs = cluster.jobs()
     for j in jobs:  # shown with the output of a failing test
         print(j["JobId"], j["rule"], j["Partition"], j["JobState"], *(j.get(k, "").split("T")[-1] for k in
-              ("SubmitTime", "StartTime", "EndTime")), j.get("TresPerJob", ""))
-    return SlurmRuns(work, local, cancelled, cancelled_ids, *results, jobs)
+              ("SubmitTime", "StartTime", "EndTime")), j.get("TresPerJob", ""), j.get("NumCPUs", ""))
+    return SlurmRuns(work, local, cancelled, cancelled_ids, *results, lora, lora_run, jobs)
 
 
 def finished(proc: subprocess.Popen, log) -> subprocess.CompletedProcess:
@@ -511,6 +563,66 @@ def test_multi_gpu_job_gets_its_gpus_and_runs_torchrun(slurm_runs):
     assert proc.returncode == 0, proc.stdout[-6000:]
     ranks = sorted(line for line in (slurm_runs.multi_gpu / "multi.txt").read_text().splitlines()
                    if line.startswith("rank"))
-    assert ranks == ["rank 0 world 2 devices 0,1", "rank 1 world 2 devices 0,1"]
+    # both ranks see the job's two GPUs: which two of the node's 6 depends on the jobs running alongside (LoRA's)
+    assert [line.split(" devices ")[0] for line in ranks] == ["rank 0 world 2", "rank 1 world 2"], ranks
+    devices = {line.split(" devices ")[1] for line in ranks}
+    assert len(devices) == 1 and len({int(d) for d in next(iter(devices)).split(",")} & set(range(6))) == 2, ranks
     [job] = [j for j in slurm_runs.jobs if j["rule"] == "multi_gpu"]
     assert job["Partition"] == "gpu" and "gres:gpu:h100:2" in job.get("TresPerJob", ""), job
+
+
+def lora_job(slurm_runs, rule: str) -> dict:
+    run = slurm_runs.lora_run
+    assert run.returncode == 0, run.stdout[-6000:]
+    [job] = [j for j in slurm_runs.jobs if j["rule"] == rule]  # --retries 0: one job, no retry hiding a failure
+    assert job["JobState"] == "COMPLETED", job
+    return job
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_lora_training_job_gets_its_gpus_and_runs_one_process_per_gpu(slurm_runs):
+    """Issue 13: the training job asks Slurm for lora.gpus (2) GPUs and runs a torchrun group of lora.processes (2)
+    processes (CPU, gloo) inside that job; the adapter, its sidecar and the compute record come back."""
+    job = lora_job(slurm_runs, "mllm_lora_train")
+    assert {j["rule"] for j in slurm_runs.jobs if j["rule"] and j["rule"].startswith("mllm")} == LORA_RULES
+    assert job["Partition"] == "gpu" and "gres:gpu:h100:2" in job.get("TresPerJob", ""), job
+    # the rule's 4 threads over its 2 GPUs: 2 CPUs per GPU
+    assert (job["Features"], job.get("CpusPerTres"), job["NumCPUs"]) == ("h100", "gres:gpu:2", "4"), job
+    log = (slurm_runs.lora / f"results/logs/mllm_lora_train/{LORA_MODEL}/{LORA_TASK}.log").read_text()
+    assert "training with 2 process(es) (job holds 2 GPU(s) on Slurm)" in log, log[-4000:]
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in log, log[-4000:]
+    for rank in (0, 1):
+        assert re.search(rf"^\[rank {rank}\] lora {LORA_MODEL}/{LORA_TASK}: \d+ training examples", log, re.M), log
+
+    out = slurm_runs.lora / LORA_DIR
+    train = lora_train_settings()
+    compute = json.loads((out / "compute.json").read_text())
+    assert (compute["world_size"], compute["steps"]) == (2, train["max_steps"]), compute
+    assert compute["batch_size"] == train["batch_size"] and compute["grad_accum"] == train["grad_accum"] // 2, compute
+    assert compute["effective_batch"] == train["batch_size"] * train["grad_accum"] == 8, compute
+    steps = pd.read_parquet(out / "train_log.parquet")["step"].tolist()
+    assert steps == list(range(1, train["max_steps"] + 1)), steps
+
+    sidecar = json.loads((out / "adapter.prov.json").read_text())
+    adapter = out / "adapter"
+    on_disk = {f.relative_to(adapter).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+               for f in sorted(adapter.rglob("*")) if f.is_file() and f.name != ".snakemake_timestamp"}  # Snakemake's
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(on_disk), on_disk
+    assert sidecar["files"] == on_disk and sidecar["rule"] == "mllm_lora_train", sidecar.get("files")
+    record = sidecar["extra"]["adapter"]
+    assert (record["world_size"], record["effective_batch"], record["base"]["name"]) == (2, 8, LORA_MODEL), record
+    assert not (out / "checkpoints").exists()  # rank 0 removed them once the adapter was written
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_lora_inference_job_gets_one_gpu_and_uses_the_trained_adapter(slurm_runs):
+    train, infer = (lora_job(slurm_runs, rule) for rule in ("mllm_lora_train", "mllm_lora_infer"))
+    assert infer["Partition"] == "gpu" and "gres:gpu:h100:1" in infer.get("TresPerJob", ""), infer
+    assert infer["StartTime"] >= train["EndTime"], (train, infer)
+    sidecar = json.loads((slurm_runs.lora / LORA_DIR / "adapter.prov.json").read_text())
+    preds = pd.read_parquet(slurm_runs.lora / LORA_PREDICTIONS)
+    assert set(preds["adapter"]) == {sidecar["sha256"]}  # the adapter folder's digest, verified on load
+    assert set(preds["train_task"]) == {LORA_TASK} and set(preds["task"]) == {LORA_TASK, LORA_OOD_TASK}
+    assert (slurm_runs.lora / LORA_TARGET).is_file()

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from retinabench.hashing import sha256_file
+from retinabench.hashing import SNAKEMAKE_MARKER, sha256_file
 from retinabench.models.keymaps import apply_keymap
 from retinabench.models.lock import LockError, local_weights_file, verified_record, weights_origin
 
@@ -197,7 +197,7 @@ def _folder_files(folder: Path, pins, what: str) -> tuple[dict[str, Path], dict]
         raise WeightsError(f"{what}: weights_path {folder} is a folder: sha256 must map each of its files to its "
                            f"sha256 (got {pins!r})")
     # Snakemake's empty marker of a directory() output is not part of the model
-    present = {f.name: f for f in sorted(folder.iterdir()) if f.is_file() and f.name != ".snakemake_timestamp"}
+    present = {f.name: f for f in sorted(folder.iterdir()) if f.is_file() and f.name != SNAKEMAKE_MARKER}
     unpinned, missing = sorted(set(present) - set(pins)), sorted(set(pins) - set(present))
     if unpinned or missing:
         raise WeightsError(f"{what}: weights folder {folder} does not match its pins: "

@@ -47,9 +47,7 @@ def stage_interface(job: Job) -> None:
         counts = answer_counts(preds)
         extra["invalid_answers"] = {"n": int(counts["n"].sum()), "n_invalid": int(counts["n_invalid"].sum())}
     tasks = {t["name"]: t for t in p["tasks"]}
-    # a local weights folder (the demo's tiny models) is recorded file by file
-    inputs = [str(f) for p in job.inputs_flat() for f in (sorted(Path(p).iterdir()) if Path(p).is_dir() else [p])
-              if Path(f).is_file()]
+    inputs = job.input_files()  # a local weights folder (the demo's tiny models) file by file
     write_outputs(job, {"predictions": preds, "metrics": metrics_table(preds, tasks)},
                   kinds={"predictions": "predictions", "metrics": "metrics"},
                   config={"entry": entry, "tasks": tasks, interface: section}, extra=extra, inputs=inputs)

@@ -11,7 +11,7 @@ import importlib
 from typing import Callable
 
 # One pipeline module per workflow/rules/*.smk file (common.smk and resources.smk hold no stages).
-MODULES = ("data", "features", "probes", "finetune", "interfaces", "reliability", "analysis", "saliency", "compute")
+MODULES = ("data", "features", "probes", "finetune", "interfaces", "lora", "reliability", "analysis", "saliency", "compute")
 
 
 class StageRegistry:

@@ -318,16 +318,29 @@ def answer_counts(predictions: pd.DataFrame) -> pd.DataFrame:
 
 
 def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *, weights: str | Path | None = None,
-        log=print) -> pd.DataFrame:
+        adapter: str | Path | None = None, log=print) -> pd.DataFrame:
     """One MLLM job: registry ``entry``'s model and processor loaded once (strictly, from its locked files or the
     local folder ``weights``), then every task of ``inputs`` (:class:`~retinabench.protocols.interfaces.TaskInput`,
     with its manifest rows) under each of its mllm prompt sets: both protocols, one generate() per batch. Invalid
     answers are kept (``y_pred`` −1) and their count is printed per task and prompt set. Returns one predictions
     table (the shared schema + ``answer``, ``answer_valid``, ``prob_yes``, ``prob_no``, ``mass``, ``prompt_set``,
-    ``prompt``), checked against the schema."""
+    ``prompt``), checked against the schema.
+
+    ``adapter``: a LoRA adapter folder (retinabench.protocols.lora), verified and applied to the loaded model
+    before anything runs; then the same path — prompts, scoring, parser — on the adapter's own prompt set, the rows
+    tagged by :func:`~retinabench.protocols.lora.adapter_predictions` (protocols ``mllm_lora``,
+    ``mllm_lora_renorm``; ``train_dataset``, ``train_task``, ``adapter``)."""
     from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
     s = settings if isinstance(settings, MLLMSettings) else MLLMSettings.from_config(settings)
     m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
+    prompt_sets = s.prompt_sets
+    if adapter is not None:
+        from retinabench.protocols.lora import load_adapter
+        m = load_adapter(m, adapter)
+        rec = m.weights["adapter"]
+        prompt_sets = [rec["prompt_set"]]
+        log(f"mllm {entry['name']}: adapter {adapter} (sha256 {rec['sha256'][:12]}, trained on "
+            f"{rec['dataset']}/{rec['task']}, prompt set {rec['prompt_set']!r})")
     log(f"mllm {entry['name']}: {type(m.model).__name__} on {m.device} ({m.dtype}); yes/no tokens "
         f"{sorted(m.tokens.counted, key=repr)}; {len(inputs)} task(s)")
     frames = []
@@ -336,9 +349,12 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
             raise ValueError(f"mllm {entry['name']}/{ti.task['name']}: the job needs the dataset's manifest rows "
                              "(question metadata and the leakage guard)")
         preds = run_mllm(m, ti.images, ti.image_ids, ti.manifest, ti.split, ti.task, prompts,
-                         prompt_sets=s.prompt_sets, regimes=s.regimes, max_new_tokens=s.max_new_tokens,
+                         prompt_sets=prompt_sets, regimes=s.regimes, max_new_tokens=s.max_new_tokens,
                          batch_size=s.batch_size)
-        counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]) == "mllm"])
+        if adapter is not None:
+            from retinabench.protocols.lora import adapter_predictions
+            preds = adapter_predictions(preds, m)
+        counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]).isin(["mllm", "mllm_lora"])])
         for r in counts.itertuples():
             log(f"mllm {entry['name']}/{r.task} {r.protocol} {r.regime} {r.split}: {r.n_invalid} of {r.n} answers "
                 f"invalid ({r.invalid_rate:.1%}), kept and counted wrong")

@@ -5,7 +5,7 @@ A :class:`Protocol` declares
 
 * ``kind`` — what it consumes: ``features`` (cached frozen features: kNN, linear, logistic, centroid probes; run
   by the frozen and transfer jobs through ``fit`` / ``predict``), ``images`` (trains on the image cache: full
-  fine-tuning, augmented linear probing; LoRA adapters later) or ``prompts`` (image-text models and MLLMs
+  fine-tuning, augmented linear probing; LoRA SFT of MLLMs) or ``prompts`` (image-text models and MLLMs
   prompted per class: zero-shot, MLLM yes/no; no training);
 * ``section`` — its config section (``knn:``, ``linear:``, ...) and ``defaults`` — that section's defaults;
 * ``module`` — where its code lives: for ``features`` protocols ``fit(x_train, y_train, x_val, y_val, n_classes, *,
@@ -141,3 +141,19 @@ register(Protocol("mllm", "prompts", "retinabench.protocols.mllm:run", section="
 
 def frozen_protocols() -> list[str]:
     return PROTOCOLS.names("features")
+
+
+# -- LoRA SFT of MLLMs (workflow/rules/lora.smk): trains on the image cache, then answers with the mllm job function
+class _LoraSection:
+    """The `lora:` section through retinabench.settings.lora_settings (nested `train` / `deltas` checked there)."""
+
+    @staticmethod
+    def from_config(section: dict) -> dict:
+        from retinabench.settings import lora_settings
+        return lora_settings({"lora": section})
+
+
+register(Protocol("mllm_lora", "images", "retinabench.protocols.lora_launch:train_job", section="lora",
+                  deterministic=True, family=("mllm_lora", "mllm_lora_renorm"), settings_class=_LoraSection,
+                  description="LoRA SFT of an MLLM on a source task's training split (FOCUS), answered like mllm / "
+                              "mllm_renorm by the adapted model; paired with the base model in- and out-of-domain"))

@@ -72,10 +72,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     out-of-domain) and ``all``: mean of the comparison deltas, two-stage bootstrap (comparisons resampled, each with
     its own replicate), BH within each (metric family, domain field).
     """
-    from retinabench.metrics.thresholds import point_metrics
-    from retinabench.stats.bootstrap import (benjamini_hochberg, bootstrap_p_value, cluster_weights,
-                                             hierarchical_mean_replicates, make_rng, percentile_ci,
-                                             weighted_metrics)
+    from retinabench.stats.bootstrap import bootstrap_p_value, cluster_weights, make_rng, percentile_ci
     p, boot = settings["paired"], settings["bootstrap"]
     n_boot, level, n_bins, boot_unit = int(boot["n_boot"]), float(boot["level"]), settings["n_bins"], boot["unit"]
     fields = [p["domain"]] if isinstance(p["domain"], str) else list(p["domain"])
@@ -127,16 +124,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
             units = patients.astype(str) if boot_unit == "patient" else np.asarray(common, dtype=str)
             W = cluster_weights(units, n_boot, make_rng(boot["seed"], "paired", train_task, task, len(common)))
             names = [PAIRED_VARIANTS[m][0 if len(classes) == 2 else 1] for m in p["metrics"]]
-            values, reps = {}, {}
-            for side, seeds in per_seed.items():
-                pv, rv = [], []
-                for g in seeds.values():
-                    proba = g.loc[common, pcols].to_numpy(dtype=np.float64)
-                    pred = g.loc[common, "y_pred"].to_numpy(dtype=np.int64)  # the model's own decisions
-                    pv.append(point_metrics(names, y, proba, pred, n_bins=n_bins))
-                    rv.append(weighted_metrics(names, y, proba, pred, W, n_bins=n_bins))
-                values[side] = {m: float(np.mean([d[m] for d in pv])) for m in names}
-                reps[side] = {m: np.mean([d[m] for d in rv], axis=0) for m in names}
+            values, reps = paired_metric_replicates(per_seed, common, y, pcols, names, W, n_bins=n_bins)
             for base_name, m in zip(p["metrics"], names):
                 d = reps["b"][m] - reps["a"][m]
                 lo, hi, n_valid = percentile_ci(d, level)
@@ -151,9 +139,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     comp = pd.DataFrame(rows)
     if comp.empty:
         comp = pd.DataFrame(columns=["metric_family", "p_value", "skipped"])
-    comp["p_bh"] = np.nan
-    for _fam, idx in comp[~comp["skipped"].astype(bool)].groupby("metric_family").groups.items():
-        comp.loc[idx, "p_bh"] = benjamini_hochberg(comp.loc[idx, "p_value"].to_numpy())
+    bh_within_families(comp)
     # domain level: per grouping field, each of its values and `all`
     drows = []
     done = comp[~comp["skipped"].astype(bool)] if "skipped" in comp else comp.iloc[0:0]
@@ -167,23 +153,75 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
                 raise KeyError(f"reliability.paired.domain {field!r}: task registry entries {lacking} lack it "
                                f"(use a task field such as modality, or {SHIFT_FIELD!r})")
             grouped = done.assign(domain=[str(tasks[t][field]) for t in done["task"]])
+        labels = pd.Series([f"{tt}<-{tr}" if tt != tr else tt for tt, tr in zip(grouped["task"], grouped["train_task"])],
+                           index=grouped.index)
         for by_domain in (True, False):
             keys = [*mk, "metric_family"] + (["domain"] if by_domain else [])
-            for key, grp in grouped.groupby(keys, sort=True):
-                d = dict(zip(keys, key))
-                dom = d.pop("domain", "all")
-                r = hierarchical_mean_replicates([reps_of[i] for i in grp.index],
-                                                 make_rng(boot["seed"], "domain", field, *key), n_boot)
-                lo, hi, n_valid = percentile_ci(r, level)
-                drows.append({**d, "domain_field": field, "domain": dom, "delta": float(grp["delta"].mean()),
-                              "ci_low": lo, "ci_high": hi, "p_value": bootstrap_p_value(r),
-                              "n_comparisons": int(len(grp)),
-                              "tasks": ",".join(f"{tt}<-{tr}" if tt != tr else tt
-                                                for tt, tr in zip(grp["task"], grp["train_task"])),
-                              "bootstrap_unit": boot_unit, "n_boot": n_boot, "n_valid": n_valid})
+            part = summarise_comparisons(grouped, reps_of, keys, boot, rng_key=("domain", field), labels=labels,
+                                         label_name="tasks")
+            if part.empty:
+                continue
+            if not by_domain:
+                part["domain"] = "all"
+            part.insert(len(mk) + 1, "domain_field", field)
+            part.insert(len(mk) + 2, "domain", part.pop("domain"))
+            part.insert(part.columns.get_loc("n_boot"), "bootstrap_unit", boot_unit)
+            drows.extend(part.to_dict("records"))
     dom = pd.DataFrame(drows)
     if not dom.empty:
-        dom["p_bh"] = np.nan
-        for _, idx in dom.groupby(["metric_family", "domain_field"]).groups.items():
-            dom.loc[idx, "p_bh"] = benjamini_hochberg(dom.loc[idx, "p_value"].to_numpy())
+        bh_within_families(dom, ["metric_family", "domain_field"])
     return comp, dom
+
+
+def paired_metric_replicates(per_seed: dict[str, dict], common: list, y: np.ndarray, pcols: list[str],
+                             names: list[str], W: np.ndarray, *, n_bins: int = 10) -> tuple[dict, dict]:
+    """Point values and bootstrap replicates of ``names`` for each side of a paired comparison, aligned on the
+    ``common`` image ids. ``per_seed``: side -> seed -> predictions indexed by image id. A side's value is the mean
+    over its seeds, its replicates likewise; one weight matrix ``W`` for both sides (the same draws). Hard
+    decisions are each model's ``y_pred`` as written (a generated answer's invalid code, -1, is wrong)."""
+    from retinabench.metrics.thresholds import point_metrics
+    from retinabench.stats.bootstrap import weighted_metrics
+    values, reps = {}, {}
+    for side, seeds in per_seed.items():
+        pv, rv = [], []
+        for g in seeds.values():
+            proba = g.loc[common, pcols].to_numpy(dtype=np.float64)
+            pred = g.loc[common, "y_pred"].to_numpy(dtype=np.int64)
+            pv.append(point_metrics(names, y, proba, pred, n_bins=n_bins))
+            rv.append(weighted_metrics(names, y, proba, pred, W, n_bins=n_bins))
+        values[side] = {m: float(np.mean([d[m] for d in pv])) for m in names}
+        reps[side] = {m: np.mean([d[m] for d in rv], axis=0) for m in names}
+    return values, reps
+
+
+def bh_within_families(df: pd.DataFrame, family: str | list[str] = "metric_family") -> pd.DataFrame:
+    """Benjamini–Hochberg q-values (``p_bh``, set in place) within each ``family`` group of the rows not
+    skipped; skipped rows get NaN."""
+    from retinabench.stats.bootstrap import benjamini_hochberg
+    df["p_bh"] = np.nan
+    rows = df[~df["skipped"].astype(bool)] if "skipped" in df else df
+    for _, idx in rows.groupby(family).groups.items():
+        df.loc[idx, "p_bh"] = benjamini_hochberg(df.loc[idx, "p_value"].to_numpy())
+    return df
+
+
+def summarise_comparisons(done: pd.DataFrame, reps_of: dict, group_cols: list[str], boot: dict, *,
+                          rng_key: tuple = ("domain",), labels: pd.Series | None = None,
+                          label_name: str = "comparisons") -> pd.DataFrame:
+    """Summary rows over comparison rows (``done``, indexed like ``reps_of``): per group, the mean of the
+    comparison deltas with a two-stage bootstrap CI (comparisons resampled, each with its own replicate) and
+    p-value, and the comparisons behind it (their count, and their ``labels`` joined, default the task)."""
+    from retinabench.stats.bootstrap import (bootstrap_p_value, hierarchical_mean_replicates, make_rng,
+                                             percentile_ci)
+    n_boot, level = int(boot["n_boot"]), float(boot["level"])
+    labels = done["task"].astype(str) if labels is None else labels
+    rows = []
+    for key, grp in done.groupby(group_cols, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        r = hierarchical_mean_replicates([reps_of[i] for i in grp.index],
+                                         make_rng(boot["seed"], *rng_key, *key), n_boot)
+        lo, hi, n_valid = percentile_ci(r, level)
+        rows.append({**dict(zip(group_cols, key)), "delta": float(grp["delta"].mean()), "ci_low": lo,
+                     "ci_high": hi, "p_value": bootstrap_p_value(r), "n_comparisons": int(len(grp)),
+                     label_name: ",".join(labels.loc[grp.index]), "n_boot": n_boot, "n_valid": n_valid})
+    return pd.DataFrame(rows)

@@ -4,7 +4,7 @@ built once from the validated config, torch-free (the Snakefile builds it at par
 ``workflow/rules/*.smk`` declare rules only and ask this plan for everything else; a consumer asks the producer's
 plan for paths (the reliability layer asks for every protocol's prediction files, the analysis layer for every
 metrics file). One sub-plan per rule file: :class:`CorePlan` (common, data, features, probes),
-:class:`FinetunePlan`, :class:`ReliabilityPlan`, :class:`AnalysisPlan`, :class:`SaliencyPlan`, :class:`ComputePlan`.
+:class:`FinetunePlan`, :class:`InterfacesPlan`, :class:`LoraPlan`, :class:`ReliabilityPlan`, :class:`AnalysisPlan`, :class:`SaliencyPlan`, :class:`ComputePlan`.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from retinabench.pipeline.plan.analysis import AnalysisPlan
 from retinabench.pipeline.plan.core import CorePlan, alternatives, intended_executor
 from retinabench.pipeline.plan.finetune import FinetunePlan
 from retinabench.pipeline.plan.interfaces import InterfacesPlan
+from retinabench.pipeline.plan.lora import LoraPlan
 from retinabench.pipeline.plan.reliability import ReliabilityPlan
 from retinabench.pipeline.plan.saliency import ComputePlan, SaliencyPlan
 from retinabench.workflow_plan import ConfigError, check_config
@@ -25,6 +26,7 @@ class WorkflowPlan(CorePlan):
         super().__init__(config)
         self.finetune = FinetunePlan(self)
         self.interfaces = InterfacesPlan(self)
+        self.lora = LoraPlan(self, self.interfaces)
         self.reliability = ReliabilityPlan(self, self.prediction_files)
         self.analysis = AnalysisPlan(self, self.metrics_files, self.reliability)
         self.saliency = SaliencyPlan(self, self.finetune)
@@ -53,7 +55,8 @@ class WorkflowPlan(CorePlan):
 
     def all_targets(self) -> list[str]:
         return (self.targets() + self.analysis.targets() + self.reliability.targets() + self.finetune.targets()
-                + self.saliency.targets() + self.compute.targets() + self.interfaces.targets())
+                + self.saliency.targets() + self.compute.targets() + self.interfaces.targets()
+                + self.lora.targets())
 
     def interface_targets(self) -> list[str]:
         """Target rule `interfaces`: the prompt-based protocols alone (their jobs, tables and per-job reliability
@@ -61,6 +64,11 @@ class WorkflowPlan(CorePlan):
         keys = self.interfaces.prediction_files()
         return self.interfaces.targets() + [f"{self.reliability.root}/jobs/{k}/{kind}.parquet"
                                             for k in keys for kind in self.reliability.kinds]
+
+    def lora_targets(self) -> list[str]:
+        """Target rule `lora`: train -> base + adapter inference -> paired deltas, without the features / probes /
+        analysis of `all` (config/mllm_demo.yaml runs this)."""
+        return self.lora.targets()
 
     # -- start-up ------------------------------------------------------------------------------------------
     def raw_fingerprint(self, dataset: str, *, main_process: bool) -> list[str]:
@@ -97,6 +105,9 @@ class WorkflowPlan(CorePlan):
         unpinned = self.interfaces.problems()
         if unpinned:
             raise ConfigError([f"zeroshot / mllm: {p}" for p in unpinned])
+        lora = self.lora.problems()
+        if lora:
+            raise ConfigError([f"lora: {p}" for p in lora])
         sal_devices, _ = self.saliency.problems()
         if sal_devices:
             raise ConfigError(sal_devices)
@@ -106,4 +117,4 @@ class WorkflowPlan(CorePlan):
 
 
 __all__ = ["AnalysisPlan", "ComputePlan", "CorePlan", "FinetunePlan", "ReliabilityPlan", "SaliencyPlan",
-           "InterfacesPlan", "WorkflowPlan", "alternatives", "intended_executor"]
+           "InterfacesPlan", "LoraPlan", "WorkflowPlan", "alternatives", "intended_executor"]

@@ -1,0 +1,225 @@
+"""Plan of workflow/rules/lora.smk: LoRA SFT of MLLMs (config `lora:`). One training job per (MLLM, source task)
+with `lora.gpus` GPUs, one inference job per adapter (1 GPU) on its source task (in-domain) and on every other
+grid task of the same task / harmonised id (out-of-domain), and one job pairing every adapter result with the
+base model's `mllm` result on the same test set (reliability/adapter_deltas.py; FOCUS Table 5)."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.settings import lora_settings
+from retinabench.skipped import LORA
+
+DELTA_TABLES = ("comparisons", "domains", "pairs", "unpaired")
+
+
+@dataclass(frozen=True)
+class AdapterJob:
+    encoder: str
+    source: str                  # the source task (its dataset is the source dataset)
+    test_tasks: tuple[str, ...]  # the source task first, then the out-of-domain tasks
+
+
+class LoraPlan:
+    report_section = LORA  # the report's category of the Table-5 outputs
+
+    def __init__(self, core: CorePlan, interfaces):
+        self.core, self.interfaces = core, interfaces
+        self.settings = lora_settings(core.config)
+        self.enabled = bool(self.settings["enabled"])
+        self.jobs: dict[tuple[str, str], AdapterJob] = {}
+        self._problems: list[str] = []
+        self.constraint_encoders = self.constraint_tasks = alternatives([])
+        if not self.enabled:
+            return
+        from retinabench.protocols.interfaces import selected_entries
+        from retinabench.protocols.lora import LoraSettings
+        self.train = LoraSettings.from_config(self.settings["train"])  # unknown keys fail here, at start-up
+        encoders = {n: core.reg.encoder(n) for n in core.reg.encoders}
+        names = self.settings["encoders"] or interfaces.settings["mllm"]["encoders"]
+        chosen = selected_entries(encoders, "mllm", names)
+        sources = self._sources()
+        for enc in chosen:
+            for src in sources:
+                self.jobs[(enc, src)] = AdapterJob(enc, src, self._test_tasks(src))
+        self.constraint_encoders = alternatives(sorted({j.encoder for j in self.jobs.values()}))
+        self.constraint_tasks = alternatives(sorted({j.source for j in self.jobs.values()}))
+
+    # -- selection ------------------------------------------------------------------------------------------
+    def _sources(self) -> list[str]:
+        out = []
+        for pattern in self.settings["sources"]:
+            hits = [t for t in self.core.tasks if fnmatch.fnmatchcase(t, pattern)]
+            if not hits:
+                raise KeyError(f"lora.sources: {pattern!r} matches no task of the grid {list(self.core.tasks)}")
+            out += [t for t in hits if t not in out]
+        if not out:
+            raise ValueError("lora is enabled but lora.sources names no source task")
+        for t in out:
+            classes = self.core.reg.task(t)["classes"]
+            if len(classes) != 2:
+                raise ValueError(f"lora.sources: task {t!r} has {len(classes)} classes; yes/no SFT needs a binary task")
+        return out
+
+    def _compatible(self, source: str, task: str) -> bool:
+        if source == task:
+            return True
+        h = self.core.reg.task(source).get("harmonised")
+        return h is not None and h == self.core.reg.task(task).get("harmonised")
+
+    def _test_tasks(self, source: str) -> tuple[str, ...]:
+        wanted = self.settings["test_tasks"]
+        if wanted == "auto":
+            others = [t for t in self.core.tasks if t != source and self._compatible(source, t)]
+        else:
+            bad = [t for t in wanted if t not in self.core.tasks]
+            if bad:
+                raise KeyError(f"lora.test_tasks: {bad} are not tasks of the grid")
+            others = [t for t in wanted if t != source and self._compatible(source, t)]
+        return (source, *others)
+
+    # -- base-model results (the mllm interface's jobs) ------------------------------------------------------
+    def base_predictions(self, encoder: str, task: str) -> str | None:
+        """The `mllm` job's predictions table holding ``encoder`` on ``task`` (None: no such job)."""
+        for (interface, enc, _), j in sorted(self.interfaces.jobs.items()):
+            if interface == "mllm" and enc == encoder and task in j.tasks:
+                return j.predictions_path(self.core.R)
+        return None
+
+    def prompt_set(self) -> str:
+        if self.train.prompt_set:
+            return self.train.prompt_set
+        from retinabench.prompts import load_prompts
+        return load_prompts(self.interfaces.prompts_path).default("mllm")
+
+    def problems(self) -> list[str]:
+        """What stops the start-up: a test task without the base model's result on it (the deltas pair every
+        adapter result with it), the adapter's prompt set left out of the base runs, unpinned entries."""
+        if not self.enabled:
+            return []
+        from retinabench.workflow_plan import unpinned_encoders
+        out = list(self._problems)
+        out += unpinned_encoders(self.core.reg, sorted({j.encoder for j in self.jobs.values()}))
+        sets = self.interfaces.settings["mllm"]["prompt_sets"]
+        if sets is not None and self.prompt_set() not in sets:
+            out.append(f"the adapters are trained and tested with prompt set {self.prompt_set()!r}, which "
+                       f"mllm.prompt_sets {list(sets)} leaves out: the base model has no result to pair with")
+        for j in self.jobs.values():
+            for t in j.test_tasks:
+                if self.base_predictions(j.encoder, t) is None:
+                    out.append(f"{j.encoder} adapter from {j.source} is tested on {t}, but the mllm interface does "
+                               f"not run {j.encoder} on {t} (enable mllm for it, with {t} in a task set): no base "
+                               "result to pair with")
+        return out
+
+    # -- paths -----------------------------------------------------------------------------------------------
+    def job(self, wc) -> AdapterJob:
+        return self.jobs[(wc.encoder, wc.task)]
+
+    def train_dir(self, encoder: str, task: str) -> str:
+        return f"{self.core.R}/lora/{encoder}/{task}"
+
+    def train_outputs(self) -> dict[str, str]:
+        d = self.train_dir("{encoder}", "{task}")
+        return {"adapter": f"{d}/adapter", "train_log": f"{d}/train_log.parquet", "compute": f"{d}/compute.json"}
+
+    def infer_outputs(self) -> dict[str, str]:
+        R = self.core.R
+        return {"predictions": f"{R}/predictions/mllm_lora/{{encoder}}/{{task}}.parquet",
+                "metrics": f"{R}/metrics/mllm_lora/{{encoder}}/{{task}}.parquet"}
+
+    def prediction_files(self) -> dict[str, str]:
+        """{"mllm_lora/<encoder>/<source task>": adapter predictions path}."""
+        pattern = self.infer_outputs()["predictions"]
+        return {f"mllm_lora/{e}/{t}": pattern.format(encoder=e, task=t) for (e, t) in sorted(self.jobs)}
+
+    def delta_outputs(self) -> dict[str, str]:
+        root = f"{self.core.R}/lora/deltas"
+        return {**{k: f"{root}/{k}.parquet" for k in DELTA_TABLES}, "table5": f"{root}/table5.csv",
+                "figure": f"{self.core.R}/figures/lora/table5.png"}
+
+    def targets(self) -> list[str]:
+        if not self.jobs:
+            return []
+        return (list(self.prediction_files().values())
+                + [self.infer_outputs()["metrics"].format(encoder=e, task=t) for (e, t) in sorted(self.jobs)]
+                + list(self.delta_outputs().values()))
+
+    # -- one job ---------------------------------------------------------------------------------------------
+    def _weights(self, encoder: str) -> dict:
+        weights = self.core.reg.encoder(encoder).get("weights_path")
+        return {"weights": weights} if weights else {}
+
+    def train_inputs(self, wc) -> dict:
+        core, j = self.core, self.job(wc)
+        d = core.task_dataset(j.source)
+        return {"prompts": self.interfaces.prompts_path, "split": core.task_split(j.source),
+                "manifest": core.data(d, "manifest.parquet"),
+                **{k: v for k, v in core.cache_files(d).items()}, **self._weights(wc.encoder)}
+
+    def train_params(self, wc) -> dict:
+        j = self.job(wc)
+        s = self.settings
+        return {"entry": self.core.reg.encoder(j.encoder), "task": self.core.reg.task(j.source),
+                "train": s["train"], "device": s["device"], "processes": s["processes"], "gpus": s["gpus"],
+                "dtype": self.interfaces.settings["mllm"]["dtype"]}
+
+    def infer_inputs(self, wc) -> dict:
+        core, j = self.core, self.job(wc)
+        out = {"adapter": self.train_outputs()["adapter"].format(encoder=j.encoder, task=j.source),
+               "prompts": self.interfaces.prompts_path,
+               "splits": [core.task_split(t) for t in j.test_tasks],
+               "manifests": [core.data(d, "manifest.parquet") for d in self.datasets(j)],
+               **self._weights(wc.encoder)}
+        for d in self.datasets(j):
+            for k, v in core.cache_files(d).items():
+                out[f"{k}_{d}"] = v
+        return out
+
+    def datasets(self, j: AdapterJob) -> list[str]:
+        return list(dict.fromkeys(self.core.task_dataset(t) for t in j.test_tasks))
+
+    def infer_params(self, wc) -> dict:
+        j = self.job(wc)
+        return {"entry": self.core.reg.encoder(j.encoder), "tasks": [self.core.reg.task(t) for t in j.test_tasks],
+                "datasets": self.datasets(j), "settings": self.interfaces.settings["mllm"],
+                "device": self.settings["device"], "source": j.source}
+
+    def delta_inputs(self) -> dict:
+        base = sorted({self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks} - {None})
+        datasets = sorted({d for j in self.jobs.values() for d in self.datasets(j)})
+        return {"adapters": list(self.prediction_files().values()), "base": base,
+                "manifests": [self.core.data(d, "manifest.parquet") for d in datasets]}
+
+    def delta_params(self) -> dict:
+        tasks = sorted({t for j in self.jobs.values() for t in j.test_tasks})
+        return {"tasks": {t: self.core.reg.task(t) for t in tasks}, "deltas": self.settings["deltas"]}
+
+    # -- resources ---------------------------------------------------------------------------------------------
+    def _size(self, encoder: str) -> dict:
+        from retinabench.models.sizes import SIZE_CLASSES
+        return SIZE_CLASSES[self.core.reg.encoder(encoder)["size_class"]]
+
+    def train_resource(self, key: str):
+        def value(wc):
+            c = self._size(wc.encoder)
+            if key == "gpu":
+                return int(self.settings["gpus"])
+            if key == "mem_mb":
+                # each process holds a bf16 copy of the base model in host memory while loading it (x 1.5 for the
+                # loader's buffers); at least the size class's host memory
+                params_m = float(self.core.reg.encoder(wc.encoder).get("params_m") or 0.0)
+                return max(int(c["mem_mb"]), int(int(self.settings["gpus"]) * params_m * 2 * 1.5))
+            return int(c["runtime"]) * 4  # one epoch over a training split: a few feature passes' worth
+        return value
+
+    def infer_resource(self, key: str):
+        def value(wc):
+            c, j = self._size(wc.encoder), self.job(wc)
+            if key == "gpu":
+                return 1
+            if key == "mem_mb":
+                return int(c["mem_mb"])
+            return int(c["runtime"]) * len(self.datasets(j))
+        return value
