@@ -181,6 +181,15 @@ def test_training_lowers_the_loss_and_writes_adapter_log_compute_and_sidecar(tra
     assert info["task"] == SOURCE["name"] and info["dataset"] == "phantom" and info["prompt_set"] == "focus"
     cfg = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert (cfg["r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["bias"]) == (16, 16, 0.05, "none")
+    assert cfg["base_model_name_or_path"] == "tiny_llava"  # not the loader's temporary folder
+
+
+def test_the_same_training_gives_the_same_adapter_bytes(world, prompts, base, trained, tmp_path):
+    settings = trained["settings"]
+    rec = L.train_lora(_load(base), trained["examples"], trained["prompt"], tmp_path, settings, entry=base[0],
+                       task=SOURCE, log=lambda m: None)
+    L.write_adapter_sidecar(rec["adapter"], rec)
+    assert read_sidecar(rec["adapter"])["files"] == read_sidecar(trained["record"]["adapter"])["files"]
 
 
 def test_reloaded_adapter_changes_the_answers_through_the_same_path(predictions, trained):

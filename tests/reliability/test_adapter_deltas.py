@@ -133,3 +133,12 @@ def test_domain_rows_bootstrap_comparison_deltas_and_table5_shape(planted):
     assert tab.loc[0, "ΔAUROC"].startswith("+") and tab.loc[0, "ΔAUROC"].endswith("]**")
     assert tab.loc[1, "ΔAUROC"] == "+0.000 [+0.000, +0.000]"
     assert "ΔECE (lower better)" in tab.columns and "ΔInvalid rate" in tab.columns
+
+
+def test_the_same_comparison_gets_the_same_intervals_whatever_the_adapter_digest(planted):
+    """The bootstrap draws are keyed by the comparison (model, scoring, test set, source), not by the adapter's
+    digest: a retrained adapter with other bytes but the same predictions gives the same intervals."""
+    base, adapted, man, res = planted
+    again = adapter_deltas(base, adapted.assign(adapter="e" * 64), man, TASKS)
+    cols = ["delta", "ci_low", "ci_high", "p_value", "p_bh"]
+    pd.testing.assert_frame_equal(res["comparisons"][cols], again["comparisons"][cols])

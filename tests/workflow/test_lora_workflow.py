@@ -35,6 +35,9 @@ def test_the_adapter_is_recorded_file_by_file_and_the_loss_falls(demo):
     rec = read_sidecar(d / "adapter")
     assert set(rec["files"]) == {"adapter_config.json", "adapter_model.safetensors", "README.md"}
     assert all(sha256_file(d / "adapter" / f) == h for f, h in rec["files"].items())
+    # the adapter names its base model by registry entry, not by the temporary folder the loader read it from
+    cfg = json.loads((d / "adapter" / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == ENTRY and "/tmp" not in (d / "adapter" / "README.md").read_text()
     info = rec["extra"]["adapter"]
     assert info["base"]["name"] == ENTRY and info["task"] == SOURCE and info["prompt_set"] == "focus"
     assert info["settings"]["lr"] == 5e-3 and info["effective_batch"] == 4

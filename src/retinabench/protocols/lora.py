@@ -367,6 +367,12 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
     adapter = out / "adapter"
     if adapter.exists():
         shutil.rmtree(adapter)
+    # the base model's identity instead of the temporary folder the strict loader read it from: the adapter's files
+    # (and their digest) then depend on the training only, so the same config gives the same adapter bytes
+    base_name = run["base"].get("hub_id") or mllm.name
+    peft_model.peft_config["default"].base_model_name_or_path = base_name    # adapter_config.json
+    peft_model.get_base_model().config.name_or_path = base_name              # the model card (README.md) ...
+    peft_model.get_base_model().name_or_path = base_name                     # ... and its tags
     peft_model.save_pretrained(str(adapter))
     hist = [h for h in trainer.state.log_history if "loss" in h]
     log_df = pd.DataFrame({

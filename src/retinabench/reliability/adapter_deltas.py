@@ -160,8 +160,9 @@ def adapter_deltas(base: pd.DataFrame, adapted: pd.DataFrame, manifest: pd.DataF
             clusters = patients.astype(str).to_numpy()
         else:
             clusters = np.asarray(common, dtype=object)
-        W = cluster_weights(clusters, n_boot, make_rng(seed, "adapter", *[pr[k] for k in PAIR_KEYS + ADAPTER_KEYS],
-                                                        unit))
+        # draws keyed by what the comparison is, not by the adapter's digest: the same config gives the same CIs
+        key = [pr[k] for k in PAIR_KEYS + ["train_dataset", "train_task"]]
+        W = cluster_weights(clusters, n_boot, make_rng(seed, "adapter", *key, unit))
         invalid = {side: np.mean([(g.loc[common, "y_pred"].to_numpy() == -1) for g in seeds.values()], axis=0)
                    for side, seeds in per_seed.items()}
         valid_both = (invalid["a"] == 0) & (invalid["b"] == 0)
