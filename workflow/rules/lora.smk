@@ -77,6 +77,7 @@ rule mllm_lora_deltas:
             category=LP.report_section,
             labels={"figure": "Table 5 (adapter - base)"},
         ),
+        figure_pdf=LP.delta_outputs()["figure_pdf"],
     log:
         f"{R}/logs/mllm_lora_deltas.log",
     conda:

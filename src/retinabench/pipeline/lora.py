@@ -95,18 +95,15 @@ def stage_lora_deltas(job: Job) -> None:
     if len(res["unpaired"]):
         announce(f"lora deltas: {len(res['unpaired'])} adapter results have no base result (table unpaired)")
     protocols = sorted(res["domains"]["protocol"].dropna().unique())
-    tables = [table5(res["domains"], variant=d["variant"], protocol=pr).assign(protocol=pr) for pr in protocols]
-    tab = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model", "domain", "n"])
+    if not protocols:
+        raise ValueError("lora deltas: no comparison could be formed (every adapter result is unpaired)")
+    tab = pd.concat([table5(res["domains"], variant=d["variant"], protocol=pr).assign(protocol=pr)
+                     for pr in protocols], ignore_index=True)
     out = {k: res[k] for k in ("comparisons", "domains", "pairs", "unpaired")}
     out["table5"] = tab
     # the figure: FOCUS's raw p_yes scoring (protocol mllm) when present, else the first protocol
-    figure_protocol = "mllm" if "mllm" in protocols else (protocols[0] if protocols else None)
-    written = []
-    if figure_protocol is not None:
-        written = [f for f in table5_figure(res["domains"], job.output["figure"], variant=d["variant"],
-                                            protocol=figure_protocol)]
-    else:
-        raise ValueError("lora deltas: no comparison could be formed (every adapter result is unpaired)")
+    figure_protocol = "mllm" if "mllm" in protocols else protocols[0]
+    written = table5_figure(res["domains"], job.output["figure"], variant=d["variant"], protocol=figure_protocol)
     write_outputs(job, out, written=written, config={"deltas": d},
                   extra={"n_comparisons": int((~res["comparisons"]["skipped"].astype(bool)).sum()),
                          "figure_protocol": figure_protocol})

@@ -137,7 +137,8 @@ class LoraPlan:
     def delta_outputs(self) -> dict[str, str]:
         root = f"{self.core.R}/lora/deltas"
         return {**{k: f"{root}/{k}.parquet" for k in DELTA_TABLES}, "table5": f"{root}/table5.csv",
-                "figure": f"{self.core.R}/figures/lora/table5.png"}
+                "figure": f"{self.core.R}/figures/lora/table5.png",
+                "figure_pdf": f"{self.core.R}/figures/lora/table5.pdf"}
 
     def targets(self) -> list[str]:
         if not self.jobs:
