@@ -1,4 +1,4 @@
-"""LoRA supervised fine-tuning (SFT) of multimodal LLMs for yes/no tasks, and strict adapter loading (FOCUS).
+"""LoRA supervised fine-tuning (SFT) of multimodal LLMs for yes/no tasks (FOCUS).
 
 Training (:func:`train_lora`): one adapter per (MLLM, source dataset, task), peft LoRA on every ``nn.Linear`` of
 the *language model* (not the vision tower, not the projector, not ``lm_head``; the explicit module list is what
@@ -16,12 +16,8 @@ is on the assistant turn only (:class:`SFTCollator`: every prompt token, image t
 is -100); FOCUS supervises the whole prompt — :data:`LABEL_MASKS` keeps that variant available by name
 (``label_mask: full``) for a reproduction.
 
-Loading (:func:`load_adapter`) verifies the adapter against its provenance sidecar before it touches the model:
-files present with the recorded sha256, the recorded base model (name, class, weight-file sha256s) equal to the
-one loaded, every LoRA tensor mapped onto an existing linear module with matching shapes, and every tensor of
-the file loaded. Any mismatch is an :class:`AdapterError`; nothing falls back to the base model (FOCUS's loader
-catches the exception and evaluates the base). Inference then runs :func:`retinabench.protocols.mllm.run_mllm`
-unchanged: the same prompts, scoring and parser; the adapter is the only difference.
+Strict loading and the adapter's provenance live in :mod:`retinabench.protocols.lora_adapter` (re-exported here);
+inference is :func:`retinabench.protocols.mllm.run` with the adapter: the same prompts, scoring and parser.
 """
 from __future__ import annotations
 
@@ -41,7 +37,7 @@ import pandas as pd
 from retinabench.prompts import PromptRegistry, YesNoPrompt, render_questions
 from retinabench.protocols.lora_adapter import (ADAPTER_CONFIG, ADAPTER_PROTOCOLS, ADAPTER_WEIGHTS, AdapterError,
                                                 AdapterInfo, adapter_predictions, adapter_protocol, base_protocol,
-                                                base_record, load_adapter, verify_adapter_files,
+                                                base_record, load_adapter, name_base_model, verify_adapter_files,
                                                 write_adapter_sidecar)
 from retinabench.protocols.mllm import MLLM
 
@@ -367,12 +363,7 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
     adapter = out / "adapter"
     if adapter.exists():
         shutil.rmtree(adapter)
-    # the base model's identity instead of the temporary folder the strict loader read it from: the adapter's files
-    # (and their digest) then depend on the training only, so the same config gives the same adapter bytes
-    base_name = run["base"].get("hub_id") or mllm.name
-    peft_model.peft_config["default"].base_model_name_or_path = base_name    # adapter_config.json
-    peft_model.get_base_model().config.name_or_path = base_name              # the model card (README.md) ...
-    peft_model.get_base_model().name_or_path = base_name                     # ... and its tags
+    name_base_model(peft_model, run["base"].get("hub_id") or mllm.name)
     peft_model.save_pretrained(str(adapter))
     hist = [h for h in trainer.state.log_history if "loss" in h]
     log_df = pd.DataFrame({

@@ -58,6 +58,15 @@ def base_record(mllm: MLLM, entry: dict | None = None) -> dict:
     return rec
 
 
+def name_base_model(peft_model, name: str) -> None:
+    """Name the base model by its identity (registry entry or hub id) instead of the temporary folder the strict
+    loader read it from, before saving: the adapter's files (and their digest) then depend on the training only,
+    so the same config gives the same adapter bytes."""
+    peft_model.peft_config["default"].base_model_name_or_path = name   # adapter_config.json
+    peft_model.get_base_model().config.name_or_path = name             # the model card (README.md) ...
+    peft_model.get_base_model().name_or_path = name                    # ... and its tags
+
+
 def _unwrap(model):
     from peft import PeftModel
     return model.get_base_model() if isinstance(model, PeftModel) else model
