@@ -30,12 +30,15 @@ class Job:
             out.extend([v] if isinstance(v, str) else list(v))
         return out
 
-    def input_files(self) -> list[str]:
+    def input_files(self, whole: tuple[str, ...] = ()) -> list[str]:
         """Every input file, a folder input (a model's weights) listed file by file (Snakemake's marker left out):
-        what a sidecar records."""
+        what a sidecar records. Folders in ``whole`` (an adapter, which has a sidecar of its own) are one input."""
         from retinabench.hashing import SNAKEMAKE_MARKER
         out: list[str] = []
         for p in map(Path, self.inputs_flat()):
+            if str(p) in whole:
+                out.append(str(p))
+                continue
             files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
             out += [str(f) for f in files if f.is_file() and f.name != SNAKEMAKE_MARKER]
         return out

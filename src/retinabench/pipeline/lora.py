@@ -67,8 +67,7 @@ def stage_lora_infer(job: Job) -> None:
                      adapter=job.input["adapter"])
     counts = answer_counts(preds)
     tasks = {t["name"]: t for t in p["tasks"]}
-    inputs = job.input_files()  # the adapter folder is recorded as one input (its digest) below
-    inputs = [f for f in inputs if not f.startswith(str(job.input["adapter"]).rstrip("/") + "/")]
+    inputs = job.input_files(whole=(str(job.input["adapter"]),))  # the adapter folder as one input (its digest)
     write_outputs(job, {"predictions": preds, "metrics": metrics_table(preds, tasks)},
                   kinds={"predictions": "predictions", "metrics": "metrics"},
                   config={"entry": p["entry"], "tasks": tasks, "mllm": p["settings"], "source": p["source"]},
@@ -76,7 +75,7 @@ def stage_lora_infer(job: Job) -> None:
                          "adapter": str(preds["adapter"].iloc[0]),
                          "invalid_answers": {"n": int(counts["n"].sum()),
                                              "n_invalid": int(counts["n_invalid"].sum())}},
-                  inputs=inputs + [job.input["adapter"]])
+                  inputs=inputs)
 
 
 @stage("mllm_lora_deltas")

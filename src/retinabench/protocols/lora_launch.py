@@ -2,13 +2,14 @@
 
 :func:`train_job` is the whole job from a JSON-able spec (the job's input paths, registry entries and settings):
 load the base MLLM strictly, render the source task's training split, train (:func:`retinabench.protocols.lora.
-train_lora`) and, on rank 0, write the adapter's provenance sidecar. :func:`run` decides how many processes: one
-per GPU the job holds (``lora.processes: auto`` = the CUDA devices visible, at most the job's ``gpu`` resource) or
-the configured number. With more than one it launches ``python -m torch.distributed.run --standalone
---nproc_per_node N -m retinabench.protocols.lora_launch SPEC`` — each process finds its rank in the environment
-torchrun sets, puts the model on ``cuda:LOCAL_RANK`` (CPU: gloo), and transformers' Trainer does the rest (DDP,
-gradient accumulation per process, rank-0 checkpoints). The process group's output streams into the job's log;
-a failing rank fails the job with the group's exit status and the last lines it printed.
+train_lora`) and, on rank 0, write the adapter's provenance sidecar. :func:`processes` decides how many processes:
+one per GPU the job holds (``lora.processes: auto`` = the CUDA devices visible, at most the job's ``gpu``
+resource) or the configured number. :func:`launch` runs the job in this process or, with more than one, launches
+``python -m torch.distributed.run --standalone --nproc_per_node N -m retinabench.protocols.lora_launch SPEC`` —
+each process finds its rank in the environment torchrun sets, puts the model on ``cuda:LOCAL_RANK`` (CPU: gloo),
+and transformers' Trainer does the rest (DDP, gradient accumulation per process, rank-0 checkpoints). The process
+group's output streams into the job's log; a failing rank fails the job with the group's exit status, the
+exceptions the ranks raised and the last lines.
 """
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ class LoraPlan:
         self.settings = lora_settings(core.config)
         self.enabled = bool(self.settings["enabled"])
         self.jobs: dict[tuple[str, str], AdapterJob] = {}
-        self._problems: list[str] = []
         self.constraint_encoders = self.constraint_tasks = alternatives([])
         if not self.enabled:
             return
@@ -99,8 +98,7 @@ class LoraPlan:
         if not self.enabled:
             return []
         from retinabench.workflow_plan import unpinned_encoders
-        out = list(self._problems)
-        out += unpinned_encoders(self.core.reg, sorted({j.encoder for j in self.jobs.values()}))
+        out = unpinned_encoders(self.core.reg, sorted({j.encoder for j in self.jobs.values()}))
         sets = self.interfaces.settings["mllm"]["prompt_sets"]
         if sets is not None and self.prompt_set() not in sets:
             out.append(f"the adapters are trained and tested with prompt set {self.prompt_set()!r}, which "
@@ -157,7 +155,7 @@ class LoraPlan:
         d = core.task_dataset(j.source)
         return {"prompts": self.interfaces.prompts_path, "split": core.task_split(j.source),
                 "manifest": core.data(d, "manifest.parquet"),
-                **{k: v for k, v in core.cache_files(d).items()}, **self._weights(wc.encoder)}
+                **core.cache_files(d), **self._weights(wc.encoder)}
 
     def train_params(self, wc) -> dict:
         j = self.job(wc)
