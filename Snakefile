@@ -56,3 +56,11 @@ onsuccess:
     from retinabench.skipped import print_table
 
     print_table(P.analysis.skipped_table, file=sys.stderr)
+
+
+onerror:
+    # Tables and figures left from an earlier run that no longer match their inputs (retinabench.integrity).
+    import sys
+    from retinabench.integrity import report_stale
+
+    report_stale(P.aggregate_targets(), file=sys.stderr)

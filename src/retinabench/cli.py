@@ -1,10 +1,11 @@
-"""Command line: ``retinabench provenance FILE``, ``verify DATASET``, ``encoders``, ``tasks``,
+"""Command line: ``retinabench provenance FILE``, ``verify [DATASET]``, ``encoders``, ``tasks``,
 ``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``.
 The pipeline itself runs through Snakemake (see README)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,15 +37,22 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 
 def cmd_provenance(args) -> int:
-    from retinabench.provenance import format_chain, read_sidecar
+    """The chain of an artifact; exit 1 when anything in it is flagged (changed, stale, missing, raw changes)."""
+    from retinabench.provenance import chain_flags, format_chain, provenance_chain, read_sidecar
     if not Path(args.file).exists():
         raise FileNotFoundError(f"{args.file} does not exist")
     record = read_sidecar(args.file)  # the artifact asked about must have one; its inputs may be source files
+    nodes = provenance_chain(args.file)
     if args.json:
         print(json.dumps(record, indent=1))
     else:
-        print(format_chain(args.file))
-    return 0
+        print(format_chain(args.file, nodes))
+    flagged = chain_flags(nodes)
+    if flagged:
+        print(f"retinabench provenance: {flagged} item(s) flagged in the chain of {args.file} "
+              "(changed, stale or missing); `retinabench verify` lists everything under the results folder",
+              file=sys.stderr)
+    return 1 if flagged else 0
 
 
 def cmd_encoders(args) -> int:
@@ -125,33 +133,70 @@ def cmd_targets(args) -> int:
     return 0
 
 
-def cmd_verify(args) -> int:
-    """Re-hash a dataset's raw files against its manifest; name every changed, missing or added file."""
+def _raw_findings(p, dataset: str, threads: int) -> tuple[list, str]:
+    """A dataset's raw files against its manifest: findings (CHANGED / MISSING / ADDED ...) and a summary line."""
     from retinabench.data.raw_state import compare_to_snapshot
+    from retinabench.integrity import Finding
     from retinabench.schemas import read_table
-    from retinabench.workflow_plan import plan
-    p = plan(_load_config(args.configfile))
-    entry = p.registries.dataset(args.dataset)
-    data_dir = Path(p.results) / "data" / args.dataset
-    manifest = read_table(data_dir / "manifest.parquet", "manifest")
+    entry = p.registries.dataset(dataset)
+    data_dir = Path(p.results) / "data" / dataset
+    manifest_path = data_dir / "manifest.parquet"
+    manifest = read_table(manifest_path, "manifest")
     snap_path = data_dir / "raw_files.parquet"
     snapshot = read_table(snap_path, "raw_files") if snap_path.is_file() and not entry.get("generated") else None
-    root = p.dataset_root(args.dataset)
-    diff = compare_to_snapshot(root, manifest, snapshot, full=True, threads=args.threads)
+    root = Path(p.dataset_root(dataset))
+    if not root.is_dir():
+        return ([Finding("MISSING", str(root), f"raw folder of {dataset} is gone; its manifest {manifest_path} lists "
+                                               f"{len(manifest)} images (is data_root right?)")],
+                f"{dataset}: raw folder {root} missing")
+    diff = compare_to_snapshot(root, manifest, snapshot, full=True, threads=threads)
     checked = len(set(manifest["path"]) | (set() if snapshot is None else
                                           set(snapshot.loc[snapshot["sha256"].notna(), "path"])))
     if diff.empty:
-        print(f"{args.dataset}: {len(manifest)} images under {root} match the manifest "
-              f"({data_dir / 'manifest.parquet'})")
-        return 0
+        return [], f"{dataset}: {len(manifest)} images under {root} match the manifest ({manifest_path})"
+    findings = []
     for r in diff.itertuples():
         detail = f"sha256 {r.expected[:12]} -> {r.actual[:12]}" if r.status == "changed" else ""
-        image = f" (image {r.image_id})" if isinstance(r.image_id, str) else ""
-        print(f"{r.status:8} {r.path}{image} {detail}".rstrip())
+        image = f"image {r.image_id}" if isinstance(r.image_id, str) else ""
+        findings.append(Finding(r.status.upper() if r.status != "missing" else "MISSING", f"{root / r.path}",
+                                f"raw file of {dataset} {image} {detail}".rstrip()))
     counts = diff["status"].value_counts().to_dict()
-    print(f"{args.dataset}: {len(diff)} raw file(s) differ from the manifest's record {counts} ({checked} hashed); "
-          f"`snakemake` reruns its manifest and everything downstream")
-    return 1
+    return findings, (f"{dataset}: {len(diff)} raw file(s) differ from the manifest's record {counts} ({checked} "
+                      "hashed); `snakemake` reruns its manifest and everything downstream")
+
+
+def cmd_verify(args) -> int:
+    """With a dataset: re-hash its raw files against its manifest. Without: every artifact under the results folder
+    against its sidecar, every artifact's inputs against the hashes it was built from, and every dataset's raw
+    files against its manifest. Prints each CHANGED / MISSING / STALE item; exit 1 if there is any."""
+    from retinabench.integrity import results_findings
+    from retinabench.workflow_plan import plan
+    p = plan(_load_config(args.configfile))
+    if args.dataset:
+        findings, summary = _raw_findings(p, args.dataset, args.threads)
+        for f in findings:
+            print(f.line())
+        print(summary)
+        return 1 if findings else 0
+    findings, n_artifacts = results_findings(p.results)
+    datasets = sorted(d.name for d in (Path(p.results) / "data").glob("*") if (d / "manifest.parquet").is_file()
+                      and d.name in p.registries.datasets)
+    summaries = []
+    for dataset in datasets:
+        raw, summary = _raw_findings(p, dataset, args.threads)
+        findings += raw
+        summaries.append(summary)
+    for f in findings:
+        print(f.line())
+    for line in summaries:
+        print(line)
+    counts = {}
+    for f in findings:
+        counts[f.status] = counts.get(f.status, 0) + 1
+    what = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing flagged"
+    print(f"verify {p.results}: {n_artifacts} artifact(s) against their sidecars and inputs, {len(datasets)} "
+          f"dataset(s) against their manifests: {what}")
+    return 1 if findings else 0
 
 
 def cmd_lock_encoders(args) -> int:
@@ -198,6 +243,8 @@ def cmd_evaluate(args) -> int:
     from retinabench.provenance import write_sidecar
     from retinabench.registry import load_registry
     from retinabench.schemas import read_table, write_table
+    from retinabench.integrity import verify_inputs
+    verify_inputs([args.predictions], consumer="retinabench evaluate")  # a workflow artifact: as its sidecar says
     preds = read_table(args.predictions, "predictions")
     if args.tasks:
         tasks, where = load_registry(args.tasks, "tasks"), args.tasks
@@ -246,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encoder")
     p.add_argument("--task")
     p.set_defaults(fn=cmd_targets)
-    p = sub.add_parser("verify", help="re-hash a dataset's raw files against its manifest; exit 1 on a change")
-    p.add_argument("dataset")
+    p = sub.add_parser("verify", help="check every artifact under the results folder against its sidecar, every "
+                                      "aggregate against its inputs and every dataset's raw files against its "
+                                      "manifest (or one dataset's raw files); exit 1 on any finding")
+    p.add_argument("dataset", nargs="?", help="check only this dataset's raw files against its manifest")
     p.add_argument("--configfile", action="append")
     p.add_argument("--threads", type=int, default=4)
     p.set_defaults(fn=cmd_verify)
@@ -270,11 +319,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configfile", action="append")
     p.set_defaults(fn=cmd_evaluate)
     args = parser.parse_args(argv)
+    from retinabench.integrity import ArtifactChanged
     try:
         return args.fn(args)
     except (FileNotFoundError, KeyError, ValueError) as err:
         print(f"retinabench {args.cmd}: error: {err}", file=sys.stderr)
         return 2
+    except ArtifactChanged as err:
+        print(f"retinabench {args.cmd}: error: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `retinabench ... | head`: the reader left; no traceback (Python docs' recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -124,8 +124,9 @@ def read_sidecar(artifact: str | os.PathLike) -> dict[str, Any]:
 def provenance_chain(artifact: str | os.PathLike, *, verify: bool = True) -> list[dict[str, Any]]:
     """Flatten the chain of sidecars reachable from ``artifact`` (depth-first, each artifact once).
 
-    Each node: ``{"path", "depth", "record" | None, "stale": bool}``; ``stale`` is set when an input's current
-    sha256 differs from the one its consumer recorded (the file changed after it was used).
+    Each node: ``{"path", "depth", "record" | None, "stale", "changed", "missing"}``; ``stale`` is set when an
+    input's current sha256 differs from the one its consumer recorded (the file changed after it was used),
+    ``changed`` when an artifact differs from the sha256 its own sidecar records (edited after it was written).
     """
     nodes: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -140,7 +141,10 @@ def provenance_chain(artifact: str | os.PathLike, *, verify: bool = True) -> lis
             return
         seen.add(key)
         record = read_sidecar(path) if sidecar_path(path).is_file() else None
-        node = {"path": key, "depth": depth, "record": record, "stale": stale, "missing": not path.exists()}
+        # changed: the artifact differs from its own sidecar (edited in place after it was written)
+        changed = bool(verify and record and path.exists() and artifact_sha256(path) != record.get("sha256"))
+        node = {"path": key, "depth": depth, "record": record, "stale": stale, "changed": changed,
+                "missing": not path.exists()}
         raw = (record or {}).get("extra", {}).get("raw_images")
         if verify and raw:
             if raw["manifest"] not in raw_checked:
@@ -168,14 +172,22 @@ def raw_image_changes(raw: dict) -> list[dict]:
     return diff.to_dict("records")
 
 
-def format_chain(artifact: str | os.PathLike) -> str:
+def chain_flags(nodes: list[dict[str, Any]]) -> int:
+    """How many problems a chain shows: changed, stale or missing artifacts and changed raw images."""
+    count = sum(bool(n["stale"] or n.get("changed") or n["missing"]) for n in nodes)
+    return count + sum(1 for n in nodes for c in n.get("raw_changes", []))
+
+
+def format_chain(artifact: str | os.PathLike, nodes: list[dict[str, Any]] | None = None) -> str:
     lines = []
     leaves_raw: list[str] = []
     leaves_weights: list[str] = []
-    for node in provenance_chain(artifact):
+    for node in provenance_chain(artifact) if nodes is None else nodes:
         rec = node["record"]
         pad = "  " * node["depth"]
-        flag = " [CHANGED since used]" if node["stale"] else (" [MISSING]" if node["missing"] else "")
+        flag = (" [CHANGED since used]" if node["stale"] else
+                " [CHANGED: differs from its own sidecar]" if node.get("changed") else
+                " [MISSING]" if node["missing"] else "")
         if rec is None:
             lines.append(f"{pad}{node['path']}{flag}  (no sidecar: source file)")
             continue

@@ -166,7 +166,8 @@ def test_verify_and_provenance_name_a_changed_image(tvhl_copy, tmp_path, make_ma
     (tvhl_copy / "OCT" / "extra.jpg").write_bytes(b"x")
     bad = subprocess.run(cli, cwd=REPO, capture_output=True, text=True, env=env)
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert f"changed  {rel} (image oct_{img.stem})" in bad.stdout and "added    OCT/extra.jpg" in bad.stdout
+    assert f"CHANGED  {tvhl_copy / rel}  raw file of tvhl image oct_{img.stem} sha256" in bad.stdout, bad.stdout
+    assert f"ADDED    {tvhl_copy / 'OCT/extra.jpg'}  raw file of tvhl" in bad.stdout
     chain = format_chain(job.output["manifest"])
     assert f"[CHANGED since used] raw image oct_{img.stem}: {rel} (changed)" in chain
 

@@ -114,8 +114,10 @@ def test_a_changed_raw_image_reruns_its_manifest_and_is_marked_in_provenance(raw
     assert jobs.get("manifest") == 1 and jobs.get("split") == 1, out.stdout[-3000:]
     assert "raw data of phantom_raw changed since its manifest was built: 1 changed" in out.stderr
     cli = [sys.executable, "-m", "retinabench", "provenance", "results/splits/phantom_raw/raw_phantom_cfp_dr3.parquet"]
-    chain = subprocess.run(cli, cwd=work, capture_output=True, text=True, check=True).stdout
+    prov = subprocess.run(cli, cwd=work, capture_output=True, text=True)
+    chain = prov.stdout
+    assert prov.returncode == 1, prov.stderr  # provenance exits 1 when it flags anything
     assert "[CHANGED since used] raw image" in chain and f"cfp/{image.name} (changed)" in chain, chain
     verify = subprocess.run([sys.executable, "-m", "retinabench", "verify", "phantom_raw", "--configfile",
                              "config/tiny.yaml"], cwd=work, capture_output=True, text=True)
-    assert verify.returncode == 1 and f"changed  cfp/{image.name}" in verify.stdout, verify.stdout + verify.stderr
+    assert verify.returncode == 1 and f"CHANGED  {raw / 'cfp' / image.name}  raw file of phantom_raw" in verify.stdout, verify.stdout + verify.stderr

@@ -70,7 +70,24 @@ class WorkflowPlan(CorePlan):
         analysis of `all` (config/mllm_demo.yaml runs this)."""
         return self.lora.targets()
 
+    def aggregate_targets(self) -> list[str]:
+        """The tables and figures built from many jobs (metrics table, reliability and analysis outputs): what a
+        failed run checks against their inputs (Snakefile `onerror`, retinabench.integrity.report_stale)."""
+        return [f"{self.R}/metrics.parquet"] + self.reliability.targets() + self.analysis.targets()
+
     # -- start-up ------------------------------------------------------------------------------------------
+    def missing_raw_folders(self) -> list[str]:
+        """Selected datasets whose raw folder is gone although their manifest was built: their results are kept
+        and nothing depending on them is rerun (Snakemake sees no newer input), so say so, naming each."""
+        notes = []
+        for dataset, state in self.raw_states.items():
+            manifest = f"{self.R}/data/{dataset}/manifest.parquet"
+            if not state.root.is_dir() and os.path.exists(manifest):
+                notes.append(f"raw folder of dataset {dataset} is missing: {state.root} (is data_root right?); its "
+                             f"results built from {manifest} are kept and nothing depending on it is rerun; "
+                             f"`retinabench verify {dataset}` cannot check them until the folder is back")
+        return notes
+
     def raw_fingerprint(self, dataset: str, *, main_process: bool) -> list[str]:
         """The dataset's raw fingerprint input (retinabench.data.raw_state), refreshed once per workflow start in
         the main process: a changed, added or removed raw file makes it newer than the manifest, which reruns.
@@ -99,6 +116,8 @@ class WorkflowPlan(CorePlan):
             return
         for dataset in self.raw_states:
             self.raw_fingerprint(dataset, main_process=True)
+        for note in self.missing_raw_folders():
+            print(f"retinabench: warning: {note}", file=sys.stderr)
         for note in check_config(self.config, self.selection, local=self.local):
             print(f"retinabench: {note}", file=sys.stderr)
         self.interfaces.print_notes()
