@@ -46,6 +46,14 @@ def test_16bit_big_endian_tiff_and_16bit_pgm(tmp_path):
     assert rgb(tmp_path / "scan.pgm").mean() == 47.5
 
 
+def test_16bit_colour_keeps_its_high_byte(tmp_path):
+    import tifffile
+    arr = np.zeros((16, 16, 3), np.uint16)
+    arr[..., 0], arr[..., 1], arr[..., 2] = 47 * 257, 65535, 128 * 256
+    tifffile.imwrite(tmp_path / "rgb16.tif", arr, photometric="rgb")
+    assert rgb(tmp_path / "rgb16.tif").reshape(-1, 3).mean(axis=0).tolist() == [47.0, 255.0, 128.0]
+
+
 def test_32bit_integer_tiffs_by_their_declared_range(tmp_path):
     import tifffile
     full = 2 ** 32 - 1

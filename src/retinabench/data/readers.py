@@ -13,13 +13,15 @@ Pixel formats are converted explicitly, never by a bare ``convert("RGB")`` (whic
   (a 12-bit TIFF 0–4095) and SampleFormat (signed: ``-2^(b-1)`` … ``2^(b-1)-1``); PGM 0–65535 (Pillow rescales its
   maxval). A 32-bit integer image from a format that declares no range, or values outside the declared range,
   are an error: guessing would change the pixels silently.
+- **16-bit colour** (RGB / RGBA PNG and TIFF) is reduced by Pillow as it reads, to the high byte (``v >> 8``):
+  scaled, not clipped (tests/data/test_decoding.py pins it).
 - **Float grey** (PIL ``F``; NPZ float arrays) has no declared range; the rule: finite values all in [0, 1] are
   scaled by 255; all in [0, 255] are taken as the 8-bit scale; otherwise the image's own min–max is stretched to
   0–255. Non-finite pixels take the lowest finite value.
 - **Palette** (``P``, ``PA``) goes through its palette to RGB (RGBA where it has transparency, then as below).
-- **Alpha** (``RGBA``, ``LA``, ``PA``) is composited onto black (premultiplied ``RGBa`` / ``La`` already are):
-  fundus and OCT backgrounds are black, so a transparent border becomes the background it stands for, while
-  dropping alpha would expose whatever colour the transparent pixels happen to store.
+- **Alpha** (``RGBA``, ``LA``, ``PA``) is composited onto black: fundus and OCT backgrounds are black, so a
+  transparent border becomes the background it stands for, while dropping alpha would expose whatever colour the
+  transparent pixels happen to store.
 - **CMYK** becomes RGB by Pillow's ``(255 - C)(255 - K) / 255`` per channel (an embedded ICC profile is not
   applied); ``YCbCr`` and ``HSV`` by Pillow's conversions; ``1`` (bilevel) as 0/255. ``LAB`` and other modes are
   an error naming the mode (Pillow's LAB -> RGB does not convert the colour space).
@@ -109,7 +111,7 @@ def to_rgb(im: Image.Image, value_range: tuple[float, float] | None = None) -> I
     mode = im.mode
     if mode == "RGB":
         return im
-    if mode in ("L", "1", "RGBX", "YCbCr", "HSV", "CMYK", "RGBa", "La"):  # premultiplied RGBa / La: already on black
+    if mode in ("L", "1", "RGBX", "YCbCr", "HSV", "CMYK"):
         return im.convert("RGB")
     if mode == "P":
         return _onto_black(im.convert("RGBA")) if im.has_transparency_data else im.convert("RGB")
