@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 SECTIONS = {"analysis": settings.analysis_settings, "reliability": settings.reliability_settings,
             "finetune": settings.finetune_settings, "sweep": settings.sweep_settings,
             "saliency": settings.saliency_settings, "compute": settings.compute_settings,
-            "lora": settings.lora_settings}
+            "lora": settings.lora_settings, "images": settings.images_settings}
 # Keys config.yaml sets on purpose to something other than the package default (the default is empty).
 CONFIG_ONLY = {("reliability", "harmonised")}
 

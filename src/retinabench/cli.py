@@ -105,7 +105,9 @@ def _check_datasets(args) -> int:
         names = list(config.get("datasets") or [])
     else:
         names = list(reg.datasets)
-    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode) for n in names]
+    from retinabench.settings import images_settings
+    min_side = images_settings(config)["min_side"]
+    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode, min_side=min_side) for n in names]
     print(f"data_root: {data_root}\n")
     print(format_checks(results))
     explicit = bool(args.dataset or args.configfile)

@@ -13,6 +13,23 @@ from typing import Any
 # Settings of the generated phantom dataset (config `phantom:`, overridden per dataset by its registry `options`).
 PHANTOM_DEFAULTS: dict[str, Any] = {"n_patients": 80, "seed": 0, "image_size": 256}
 
+# `images:` (the manifest job's decode pass, retinabench.data.image_checks): a raw image whose short side is under
+# min_side pixels is excluded with its reason (a 1x1 placeholder or thumbnail is no sample).
+IMAGES_DEFAULTS: dict[str, Any] = {"min_side": 32}
+
+
+def images_settings(config: dict) -> dict:
+    """The config's ``images:`` section over the defaults; unknown keys are an error."""
+    given = dict(config.get("images") or {})
+    unknown = sorted(set(given) - set(IMAGES_DEFAULTS))
+    if unknown:
+        raise KeyError(f"images: unknown key(s) {unknown}; known: {sorted(IMAGES_DEFAULTS)}")
+    out = {**IMAGES_DEFAULTS, **given}
+    if isinstance(out["min_side"], bool) or not isinstance(out["min_side"], int) or out["min_side"] < 1:
+        raise ValueError(f"images.min_side must be a positive number of pixels, got {out['min_side']!r}")
+    return out
+
+
 AUGMENT_DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "scale": [0.8, 1.2],       # crop area as a fraction of the image area

@@ -277,14 +277,14 @@ def test_aireadi_dicom_selection_and_participant_join(adapted):
 
 
 def test_images_of_every_format_decode(data_root, adapted):
-    from retinabench.data.readers import open_image
+    from retinabench.data.readers import decode_image
     for name in ("aireadi", "harvard_gf", "fairfedmed", "aptos2019", "octid"):
         m, _ = adapted(name)
         entry_root = data_root / {"aireadi": "AI-READI", "harvard_gf": "Harvard-GF", "fairfedmed": "fairfedmed",
                                   "aptos2019": "aptos2019", "octid": "OCTID"}[name]
         for rel in m["path"]:
-            with open_image(entry_root / rel) as im:
-                assert im.size[0] > 0 and im.mode in ("L", "RGB")
+            decoded = decode_image(entry_root / rel)
+            assert decoded.size[0] > 0 and decoded.mode in ("L", "RGB") and decoded.image.mode == "RGB"
 
 
 def test_unestablished_datasets_fail_with_the_reason(registries, tmp_path):

@@ -37,6 +37,7 @@ rule manifest:
         code=P.manifest_code,
         dataset=lambda wc: REG.dataset(wc.dataset),
         root=lambda wc: P.selection.dataset_root(wc.dataset),
+        images=P.images_settings,
     script:
         STAGE
 

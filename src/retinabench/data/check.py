@@ -3,7 +3,8 @@ and what is missing, without running the pipeline (no hashing, no cache).
 
 Per dataset: the raw folder and every index file exist; the adapter's plan reads the index files (so a header,
 column or coding problem surfaces here, with the adapter's own message); the images the index names exist
-(missing ones counted and the first few listed); a few images, evenly spread, decode.
+(missing ones counted and the first few listed); a few images, evenly spread, decode (by the decoder the pipeline
+uses), and those under ``images.min_side`` are named (the manifest job will exclude them).
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ class DatasetCheck:
         return self.status in (INCOMPLETE, UNREADABLE)
 
 
-def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2) -> DatasetCheck:
+def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2,
+                  min_side: int | None = None) -> DatasetCheck:
+    """``min_side``: the config's images.min_side (None: its default, retinabench.settings)."""
     root = Path(data_root) / entry["root"]
     res = DatasetCheck(name=name, status=OK, root=str(root))
     if entry.get("generated"):
@@ -82,16 +85,21 @@ def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2) -> D
         res.status = INCOMPLETE
         res.details.append("no images found")
         return res
-    from retinabench.data.readers import open_image
+    from retinabench.data.readers import decode_image
+    from retinabench.settings import images_settings
+    min_side = images_settings({"images": {"min_side": min_side}} if min_side is not None else {})["min_side"]
     step = max(1, len(rows) // max(1, decode))
     for rel in list(rows["path"])[::step][:decode]:
         try:
-            with open_image(root / rel) as im:
-                im.load()
+            width, height = decode_image(root / rel).size
             res.n_decoded += 1
         except OSError as err:
             res.status = UNREADABLE
             res.details.append(f"cannot decode {rel}: {err}")
+            continue
+        if min(width, height) < min_side:
+            res.details.append(f"{rel}: too_small ({width}x{height} < {min_side} px short side); the manifest job "
+                               f"will exclude it (images.min_side)")
     return res
 
 

@@ -1,8 +1,10 @@
 """Decode and resize every image of a dataset once into a uint8 array store ``[N, S, S, 3]`` (+ Parquet index).
 
 Later stages (feature extraction, fine-tuning) memory-map the ``.npy`` file and never decode full-size JPEGs
-again. Grayscale images (OCT) are replicated to three channels. ``resize``: ``squash`` scales to S×S ignoring
-aspect ratio (keeps the whole B-scan/fundus field); ``center_crop`` scales the short side to S and crops.
+again. Every image is decoded by retinabench.data.readers.decode_image (16-bit grey scaled, palette, alpha, CMYK
+and EXIF orientation handled explicitly; grey replicated to three channels). ``resize``: ``squash`` scales to
+S×S ignoring aspect ratio (keeps the whole B-scan/fundus field); ``center_crop`` scales the short side to S and
+crops.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from retinabench.data.readers import open_image
+from retinabench.data.readers import decode_image
 from retinabench.schemas import write_table, read_table
 
 RESIZE_MODES = ("squash", "center_crop")
@@ -23,20 +25,21 @@ _CHUNK = 64
 
 def load_image(path: Path, size: int, resize: str) -> np.ndarray:
     try:
-        with open_image(path) as im:  # JPEG/PNG/TIFF, DICOM and NPZ alike (data/readers.py)
-            im = im.convert("RGB")  # grayscale -> 3 identical channels
-            if resize == "squash":
-                im = im.resize((size, size), Image.Resampling.BICUBIC)
-            elif resize == "center_crop":
-                w, h = im.size
-                scale = size / min(w, h)
-                im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC)
-                w, h = im.size
-                left, top = (w - size) // 2, (h - size) // 2
-                im = im.crop((left, top, left + size, top + size))
-            else:
-                raise ValueError(f"unknown resize mode {resize!r}; expected one of {RESIZE_MODES}")
-            return np.asarray(im, dtype=np.uint8)
+        # the one decoder (data/readers.py): any container and pixel format to 8-bit RGB, orientation applied,
+        # grey replicated to 3 channels
+        im = decode_image(path).image
+        if resize == "squash":
+            im = im.resize((size, size), Image.Resampling.BICUBIC)
+        elif resize == "center_crop":
+            w, h = im.size
+            scale = size / min(w, h)
+            im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC)
+            w, h = im.size
+            left, top = (w - size) // 2, (h - size) // 2
+            im = im.crop((left, top, left + size, top + size))
+        else:
+            raise ValueError(f"unknown resize mode {resize!r}; expected one of {RESIZE_MODES}")
+        return np.asarray(im, dtype=np.uint8)
     except (OSError, ValueError) as err:
         raise type(err)(f"image cache: cannot read {path}: {err}") from err
 

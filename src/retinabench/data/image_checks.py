@@ -9,6 +9,11 @@ records the checker version; entries of another version are recomputed.
 
 Policy (dataset entry ``on_corrupt``): ``error`` (default) — one :class:`CorruptImageError` listing *every*
 corrupt image; ``exclude`` — each becomes an ``image`` exclusion with reason ``corrupt image: <error>``.
+
+Minimum size (config ``images.min_side``, retinabench.settings): a decoded image whose short side is under it
+becomes an ``image`` exclusion with reason ``too_small (WxH < N px short side)`` (:func:`exclude_too_small`),
+counted in the manifest job's summary. The rule is applied to the recorded sizes after the cache, so changing
+``min_side`` takes effect without re-decoding anything.
 """
 from __future__ import annotations
 
@@ -17,12 +22,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
+from PIL import ImageFile
+
+from retinabench.data.readers import decode_image
 
 PHASH_SIZE = 16                 # 16 x 16 = 256-bit DCT hash (why: retinabench.data.duplicates)
 PHASH_BYTES = PHASH_SIZE * PHASH_SIZE // 8
 HASH_VERSION = f"imagehash.phash(hash_size={PHASH_SIZE}) of the grayscale image"
 CORRUPT_POLICIES = ("error", "exclude")
-CHECKER_VERSION = f"decode (retinabench.data.readers)+{HASH_VERSION}; v2"
+# v3: decode_image (explicit bit depth / palette / alpha / CMYK / EXIF orientation); phash of the decoded image
+CHECKER_VERSION = f"decode (retinabench.data.readers.decode_image)+{HASH_VERSION}; v3"
 CACHE_NAME = ".image_checks.parquet"
 CHECK_COLUMNS = ["sha256", "ok", "error", "width", "height", "mode", "phash", "checker"]
 _MAX_LISTED = 50
@@ -50,21 +59,19 @@ def perceptual_hash(image) -> str:
 
 
 def decode_check(path: str | os.PathLike) -> dict:
-    """Fully decode one image: its size, mode and perceptual hash, or the error that stopped it."""
-    from PIL import ImageFile
-
-    from retinabench.data.readers import open_image
+    """Fully decode one image: its size (orientation applied), stored mode (e.g. ``I;16``) and the perceptual hash
+    of the decoded pixels, or the error that stopped it."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:  # some library switched PIL to pad truncated files silently
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated images would decode silently")
     try:
-        # JPEG/PNG/TIFF, DICOM and NPZ alike, fully decoded (readers.open_image loads the whole file):
-        # truncation and corrupt data fail here, not at a later resize
-        with open_image(path) as im:
-            width, height = im.size
-            if width == 0 or height == 0:
-                raise ValueError(f"image has size {width}x{height}")
-            return {"ok": True, "error": None, "width": int(width), "height": int(height), "mode": im.mode,
-                    "phash": perceptual_hash(im)}
+        # JPEG/PNG/TIFF, DICOM and NPZ alike, fully decoded by the one decoder the image cache uses:
+        # truncation, corrupt data and unconvertible pixel formats fail here, not at a later resize
+        decoded = decode_image(path)
+        width, height = decoded.size
+        if width == 0 or height == 0:
+            raise ValueError(f"image has size {width}x{height}")
+        return {"ok": True, "error": None, "width": int(width), "height": int(height), "mode": decoded.mode,
+                "phash": perceptual_hash(decoded.image)}
     except Exception as err:  # noqa: BLE001 - recorded per file and raised as one list (or excluded) by the caller
         return {"ok": False, "error": f"{type(err).__name__}: {err}", "width": None, "height": None, "mode": None,
                 "phash": None}
@@ -130,3 +137,22 @@ def apply_corrupt_policy(manifest: pd.DataFrame, exclusions: pd.DataFrame, check
                          "scope": "image", "reason": ("corrupt image: " + bad["error"]).to_numpy()})
     kept = manifest[~manifest["image_id"].isin(bad["image_id"])].reset_index(drop=True)
     return kept, pd.concat([exclusions, rows], ignore_index=True)
+
+
+def exclude_too_small(manifest: pd.DataFrame, exclusions: pd.DataFrame, checks: pd.DataFrame, *, dataset: str,
+                      min_side: int) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """Drop the decoded images whose short side is under ``min_side`` px, each with an ``image`` exclusion row
+    ``too_small (WxH < N px short side)``; returns (manifest, exclusions, how many)."""
+    if int(min_side) < 1:
+        raise ValueError(f"dataset {dataset!r}: images.min_side must be a positive number of pixels, got {min_side!r}")
+    decoded = checks[checks["ok"].astype(bool) & checks["image_id"].isin(manifest["image_id"])]
+    short = decoded[["width", "height"]].astype("int64").min(axis=1)
+    small = decoded[short < int(min_side)].sort_values("path")
+    if small.empty:
+        return manifest, exclusions, 0
+    reasons = [f"too_small ({int(w)}x{int(h)} < {int(min_side)} px short side)"
+               for w, h in zip(small["width"], small["height"])]
+    rows = pd.DataFrame({"dataset": dataset, "source": small["path"].to_numpy(),
+                         "image_id": small["image_id"].to_numpy(), "scope": "image", "reason": reasons})
+    kept = manifest[~manifest["image_id"].isin(small["image_id"])].reset_index(drop=True)
+    return kept, pd.concat([exclusions, rows], ignore_index=True), int(len(small))

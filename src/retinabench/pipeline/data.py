@@ -25,13 +25,15 @@ def stage_phantom(job: Job) -> None:
 
 @stage("manifest")
 def stage_manifest(job: Job) -> None:
-    """Adapter -> subsample -> decode pass (corrupt check + perceptual hash, cached by sha256) -> outputs."""
+    """Adapter -> subsample -> decode pass (corrupt check + perceptual hash, cached by sha256) -> minimum size ->
+    outputs."""
     from retinabench.data.adapters import get_adapter
-    from retinabench.data.image_checks import CACHE_NAME, apply_corrupt_policy, check_images
+    from retinabench.data.image_checks import CACHE_NAME, apply_corrupt_policy, check_images, exclude_too_small
     from retinabench.data.raw_state import RawState
     from retinabench.data.subsample import apply_subsample
     from retinabench.hashing import sha256_file
     entry, root = job.params["dataset"], Path(job.params["root"])
+    min_side = job.params["images"]["min_side"]  # the plan's images settings (retinabench.settings)
     dataset = entry.get("name", job.wildcards.get("dataset", "?"))
     data_dir = Path(job.output["manifest"]).parent
     raw_state = None if entry.get("generated") else RawState(root, data_dir)
@@ -41,6 +43,8 @@ def stage_manifest(job: Job) -> None:
     checks, decode = check_images(manifest, root, cache_path=data_dir / CACHE_NAME, threads=job.threads)
     manifest, exclusions = apply_corrupt_policy(manifest, exclusions, checks, dataset=dataset,
                                                 policy=entry.get("on_corrupt", "error"))
+    manifest, exclusions, n_small = exclude_too_small(manifest, exclusions, checks, dataset=dataset,
+                                                      min_side=min_side)
     hashes = checks[checks["image_id"].isin(manifest["image_id"])]
     hashes = hashes.astype({"width": "int64", "height": "int64"})[["image_id", "sha256", "width", "height", "mode",
                                                                    "phash"]]
@@ -58,15 +62,16 @@ def stage_manifest(job: Job) -> None:
     summary = {"n_images": int(len(manifest)), "n_patients": int(manifest["patient_id"].nunique()),
                "by_modality": manifest["modality"].value_counts().to_dict(),
                "exclusions": by_reason.to_dict("records"), "decode": decode, "sha256_reused": primed,
-               "subsample": sub}
+               "subsample": sub, "too_small": {"min_side": min_side, "excluded": n_small}}
     extra = {"decode pass": f"{decode['decoded']} decoded, {decode['cached']} from the sha256 cache, "
-                            f"{decode['corrupt']} corrupt"}
+                            f"{decode['corrupt']} corrupt",
+             "minimum size": f"{n_small} image(s) under {min_side} px on the short side excluded (images.min_side)"}
     if sub:
         extra["subsample"] = (f"{sub['patients_kept']} of {sub['patients_total']} patients, {sub['images_kept']} "
                               f"of {sub['images_total']} images ({sub['spec']})")
     announce(manifest_report(dataset, manifest, exclusions, extra))
     write_outputs(job, written=[job.output[k] for k in ("manifest", "exclusions", "hashes", "raw_files")],
-              config={"dataset": entry, "root": str(root)},
+              config={"dataset": entry, "root": str(root), "images": job.params["images"]},
               extra={"summary": summary, "raw_files": raw,
                      "raw_images": {"root": str(root), "snapshot": job.output["raw_files"],
                                     "manifest": job.output["manifest"]} if raw_state else None})

@@ -8,7 +8,7 @@ import sys
 
 from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.pipeline.plan.code import rule_code_hash
-from retinabench.settings import PHANTOM_DEFAULTS
+from retinabench.settings import PHANTOM_DEFAULTS, images_settings
 from retinabench.workflow_plan import dataset_tasks, plan
 
 
@@ -115,6 +115,11 @@ class CorePlan:
         """The config's phantom settings, overridden per dataset by its registry `options`."""
         return {**PHANTOM_DEFAULTS, **self.config.get("phantom", {}),
                 **self.reg.dataset(self.generated_roots[wc.generated_root]).get("options", {})}
+
+    @property
+    def images_settings(self) -> dict:
+        """The config's `images:` section over its defaults (the manifest job's minimum image size)."""
+        return images_settings(self.config)
 
     def dataset_tasks(self, dataset: str) -> list[dict]:
         return dataset_tasks(self.reg, dataset)
