@@ -38,13 +38,9 @@ def settle_duplicate_ids(rows: pd.DataFrame, sources: list[str], *, dataset: str
         return rows
     if policy == "keep_first":
         later = ids.duplicated(keep="first")
-        first_of = {i: k for k, i in reversed(list(enumerate(ids)))}
-        paths = rows["path"].tolist()
-        for k in later[later].index:
-            kept = first_of[ids[k]]
+        for k in later[later].index:  # one reason text for all, so the printed counts group them
             excl.add(sources[k], ids[k], "image",
-                     f"{DUPLICATE_REASON}: {paths[k]} has the id of {paths[kept]} ({sources[kept]}), which is "
-                     f"kept (duplicates: keep_first)")
+                     f"{DUPLICATE_REASON}: an earlier row has this id and is kept (duplicates: keep_first)")
         return rows[~later.to_numpy()]
     raise DuplicateImageIdError(duplicate_id_message(rows, sources, dataset=dataset, fix=fix))
 

@@ -38,8 +38,9 @@ def _empty(path: Path, dataset: str, size: int) -> str:
             f"it from the download (an interrupted copy leaves empty files), or drop it from the entry's sources")
 
 
-def read_index_text(path: Path, encoding: str | None = None, *, dataset: str) -> str:
-    """The decoded text of ``path`` (BOM removed); an :class:`IndexFileError` when it is empty or undecodable."""
+def read_index_text(path: Path, encoding: str | None = None, *, dataset: str, configurable: bool = True) -> str:
+    """The decoded text of ``path`` (BOM removed); an :class:`IndexFileError` when it is empty or undecodable.
+    ``configurable``: the adapter reading it has an ``encoding:`` option (the table adapter) to suggest."""
     path = Path(path)
     data = path.read_bytes()
     enc = encoding or detect_encoding(data)
@@ -49,25 +50,30 @@ def read_index_text(path: Path, encoding: str | None = None, *, dataset: str) ->
         raise IndexFileError(f"dataset {dataset!r}: `encoding: {enc}` for {path} is not an encoding Python knows "
                              f"(e.g. utf-8, latin-1, cp1252, utf-16)") from None
     except UnicodeDecodeError as err:
-        raise IndexFileError(_undecodable(path, data, enc, err, dataset)) from None
+        raise IndexFileError(_undecodable(path, data, enc, err, dataset, configurable)) from None
     text = text.lstrip("\ufeff")
     if not text.strip():
         raise IndexFileError(_empty(path, dataset, len(data)))
     return text
 
 
-def _undecodable(path: Path, data: bytes, enc: str, err: UnicodeDecodeError, dataset: str) -> str:
+def _undecodable(path: Path, data: bytes, enc: str, err: UnicodeDecodeError, dataset: str, configurable: bool
+                 ) -> str:
     offset = err.start + (len(codecs.BOM_UTF8) if enc == "utf-8-sig" and data.startswith(codecs.BOM_UTF8) else 0)
     line = data.count(b"\n", 0, offset) + 1
     start = data.rfind(b"\n", 0, offset) + 1
     end = data.find(b"\n", offset)
     as_latin1 = data[start:end if end >= 0 else len(data)].decode("latin-1").rstrip("\r")
+    fix = ("Set `encoding:` on this source to the file's encoding, e.g. `encoding: latin-1` (Western European "
+           "exports; `cp1252` for Windows ones)" if configurable else
+           "This adapter reads its index files as UTF-8 (as published): re-save the file as UTF-8, or check that it "
+           "is the file the dataset's publisher distributes")
     return (f"dataset {dataset!r}: index file {path} is not {enc} text: byte {offset} (line {line}) is "
-            f"0x{data[offset]:02x} ({err.reason}); read as Latin-1 that line is {as_latin1[:120]!r}. Set "
-            f"`encoding:` on this source to the file's encoding, e.g. `encoding: latin-1` (Western European "
-            f"exports; `cp1252` for Windows ones)")
+            f"0x{data[offset]:02x} ({err.reason}); read as Latin-1 that line is {as_latin1[:120]!r}. {fix}")
 
 
-def read_index_csv(path: Path, *, dataset: str, encoding: str | None = None, **read_csv) -> pd.DataFrame:
+def read_index_csv(path: Path, *, dataset: str, encoding: str | None = None, configurable: bool = True,
+                   **read_csv) -> pd.DataFrame:
     """``pandas.read_csv`` on the file's text as :func:`read_index_text` decodes it."""
-    return pd.read_csv(io.StringIO(read_index_text(path, encoding, dataset=dataset)), **read_csv)
+    text = read_index_text(path, encoding, dataset=dataset, configurable=configurable)
+    return pd.read_csv(io.StringIO(text), **read_csv)

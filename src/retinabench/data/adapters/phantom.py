@@ -33,7 +33,7 @@ def adapt_phantom(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     meta_path = root / "metadata.csv"
     if not meta_path.is_file():
         raise FileNotFoundError(f"phantom adapter: {meta_path} not found (run the phantom rule first)")
-    meta = read_index_csv(meta_path, dataset=dataset, dtype=str, keep_default_na=False)
+    meta = read_index_csv(meta_path, dataset=dataset, configurable=False, dtype=str, keep_default_na=False)
     missing = [c for c in _COLUMNS if c not in meta.columns]
     if missing:
         raise ValueError(f"{meta_path}: missing columns {missing}")

@@ -49,7 +49,7 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
         csv_path = root / csv_name
         if not csv_path.is_file():
             raise FileNotFoundError(f"tvhl adapter: {csv_path} not found (is data_root right?)")
-        table = read_index_csv(csv_path, dataset=dataset, dtype=str, keep_default_na=False)
+        table = read_index_csv(csv_path, dataset=dataset, configurable=False, dtype=str, keep_default_na=False)
         missing_cols = {"Name", "DME", "DR"} - set(table.columns)
         if missing_cols:
             raise ValueError(f"{csv_path}: missing columns {sorted(missing_cols)}")
