@@ -78,16 +78,20 @@ def test_fault2_every_adapter_refuses_paths_outside_its_root(tmp_path):
 
 
 # --- fault 6: checks that pass, then a job that fails ---
-@pytest.fixture
-def dh_layout(tmp_path):
+def write_dh_layout(root: Path) -> Path:
     """A public-style layout tried as a new user would: `_DH` copies beside the originals (so an id taken from the
-    number collides), label rows for images that are not there, and one image without a label row."""
-    data_root = tmp_path / "data"
-    root = data_root / "own"
+    number collides), label rows for images that are not there (004, 005), one image without a label row (006)."""
     for i, stem in enumerate(("001", "001_DH", "002", "002_DH", "003", "006")):
         write_image(root / "images" / f"{stem}.jpg", i)
     pd.DataFrame({"id": ["001", "002", "003", "004", "005"], "grade": ["0", "1", "0", "1", "1"]}).to_csv(
         root / "labels.csv", index=False)
+    return root
+
+
+@pytest.fixture
+def dh_layout(tmp_path):
+    data_root = tmp_path / "data"
+    root = write_dh_layout(data_root / "own")
     entry = table_entry(listing={"glob": "images/*.jpg", "regex": r"images/(?P<id>\d+)(?:_DH)?\.jpg"},
                         join=[{"file": "labels.csv", "keys": {"id": "id"}, "columns": {"grade": "grade"}}],
                         image_id="{id}", labels={"g": {"column": "grade", "codes": {"0": "no", "1": "yes"}}})
@@ -137,6 +141,26 @@ def test_fault6_keep_first_and_unjoined_rows_are_counted_exclusions(dh_layout, t
     assert set(unjoined["scope"]) == {"image"}
     out = capfd.readouterr().out
     assert "duplicate image id" in out and "row of labels.csv joins to no image" in out
+
+
+def test_fault6_the_documented_fix_runs_as_written(tmp_path):
+    """docs/datasets.md's worked example (the table adapter) on the layout it describes prints what it promises."""
+    import re
+
+    import yaml
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "datasets.md").read_text()
+    section = docs[docs.index("### Worked example: copies beside the originals"):]
+    (block,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    entry = {"name": "mystudy", **yaml.safe_load(block)["mystudy"]}
+    write_dh_layout(tmp_path / "mystudy")
+    res = check_dataset("mystudy", entry, tmp_path)
+    assert res.status == "ok" and res.n_images == 4, format_checks([res])
+    printed = [" ".join(d.split()) for d in res.details]
+    promised = " ".join(section.split())
+    for claim in ("image 2 duplicate image id: an earlier row has this id and is kept (duplicates: keep_first)",
+                  "image 2 row of labels.csv joins to no image: no source row has its id",
+                  "label:g 1 no row in labels.csv for this image"):
+        assert f"`{claim}`" in promised and claim in printed
 
 
 # --- fault 7: raw tracebacks and misleading errors ---
