@@ -229,3 +229,23 @@ def test_fault7_task_whose_modality_lost_every_image_names_task_modality_and_exc
     assert "manifest images by modality: cfp 24" in msg
     assert "the dataset's image exclusions by reason:\n  image       24  image file not found: …" in msg
     assert "fraction" not in msg and "more patients" not in msg
+
+
+def test_fault7_dataset_whose_only_modality_lost_every_image_fails_its_manifest_job_with_the_counts(
+        tmp_path, make_manifest_job):
+    """When nothing reaches the manifest, the manifest job (which holds the exclusions) says why, instead of the
+    split job failing later on "fewer groups than splits"."""
+    root = tmp_path / "own"
+    root.mkdir()
+    pd.DataFrame({"file": [f"img/{k}.jpg" for k in range(5)], "grade": ["0"] * 5}).to_csv(
+        root / "labels.csv", index=False)
+    entry = {**table_entry(sources=[{"file": "labels.csv"}], image={"column": "file"},
+                           labels={"g": {"column": "grade", "codes": {"0": "no"}}}), "index_files": ["labels.csv"]}
+    job = table_job(make_manifest_job, root, tmp_path / "results", entry)
+    with pytest.raises(ValueError) as err:
+        run_stage("manifest", job)
+    msg = str(err.value)
+    assert msg.startswith("dataset 'own': no image reached the manifest (['cfp'] declared)")
+    missing = [line.split() for line in msg.splitlines() if "image file not found" in line]
+    assert len(missing) == 5 and all(words[:2] == ["image", "1"] for words in missing)  # one line per file
+    assert not Path(job.output["manifest"]).exists()
