@@ -30,8 +30,8 @@ def table_job(make_manifest_job, root: Path, results: Path, entry: dict):
 # --- fault 2: paths escape the dataset root ---
 @pytest.fixture
 def escaping_layout(tmp_path):
-    """own/ holds two images; its index also names one beside the root (../), one by absolute path and one through
-    a symlink that points outside."""
+    """own/ holds two images; its index also names one beside the root (../), one by absolute path, one through a
+    symlinked file and one through a symlinked folder that point outside."""
     data_root = tmp_path / "data"
     root = data_root / "own"
     write_image(root / "img" / "a.jpg", 0)
@@ -39,8 +39,9 @@ def escaping_layout(tmp_path):
     for i, name in enumerate(("x.jpg", "y.jpg", "z.jpg")):
         write_image(data_root / "elsewhere" / name, 10 + i)
     (root / "img" / "link.jpg").symlink_to(data_root / "elsewhere" / "z.jpg")
+    (root / "linked").symlink_to(data_root / "elsewhere", target_is_directory=True)
     rows = [("img/a.jpg", "0"), ("img/b.jpg", "1"), ("../elsewhere/x.jpg", "0"),
-            (str(data_root / "elsewhere" / "y.jpg"), "1"), ("img/link.jpg", "0")]
+            (str(data_root / "elsewhere" / "y.jpg"), "1"), ("img/link.jpg", "0"), ("linked/x.jpg", "1")]
     pd.DataFrame(rows, columns=["file", "grade"]).to_csv(root / "labels.csv", index=False)
     entry = table_entry(sources=[{"file": "labels.csv"}], image={"column": "file"},
                         labels={"g": {"column": "grade", "codes": {"0": "no", "1": "yes"}}})
@@ -53,8 +54,8 @@ def test_fault2_paths_outside_the_root_are_reported_by_check_and_fail_the_manife
     res = check_dataset("own", entry, data_root)
     text = "\n".join(res.details)
     assert res.status == "unreadable" and res.problem
-    assert "OutsideRootError" in text and "3 path(s) resolve outside the dataset root" in text
-    for row, value in ((4, "../elsewhere/x.jpg"), (5, "elsewhere/y.jpg"), (6, "img/link.jpg")):
+    assert "OutsideRootError" in text and "4 path(s) resolve outside the dataset root" in text
+    for row, value in ((4, "../elsewhere/x.jpg"), (5, "elsewhere/y.jpg"), (6, "img/link.jpg"), (7, "linked/x.jpg")):
         assert f"labels.csv:row {row}: " in text and value in text
     assert "named by labels.csv" in text and "Fix: move or copy those files under" in text
 
@@ -141,6 +142,22 @@ def test_fault6_keep_first_and_unjoined_rows_are_counted_exclusions(dh_layout, t
     assert set(unjoined["scope"]) == {"image"}
     out = capfd.readouterr().out
     assert "duplicate image id" in out and "row of labels.csv joins to no image" in out
+
+
+@pytest.mark.parametrize("source, complaint", [
+    ({"file": "labels.csv", "encodng": "latin-1"}, "'encodng' was unexpected"),
+    ({"name": "labels"}, "'file' is a required property"),  # neither file nor listing
+    ({"listing": {"glob": "*.jpg", "regexp": "x"}}, "'regexp' was unexpected"),
+])
+def test_fault6_the_registry_schema_validates_table_sources_items(tmp_path, source, complaint):
+    import yaml
+
+    from retinabench.registry import RegistryError, load_registry
+    entry = {k: v for k, v in table_entry(sources=[source]).items() if k != "name"}
+    path = tmp_path / "datasets.yaml"
+    path.write_text(yaml.safe_dump({"own": entry}))
+    with pytest.raises(RegistryError, match=r"datasets entry 'own', key table/sources/0[/a-z]*: .*" + complaint):
+        load_registry(path, "datasets")
 
 
 def test_fault6_the_documented_fix_runs_as_written(tmp_path):

@@ -235,3 +235,13 @@ def test_every_table_option_is_documented_with_a_schema_valid_example():
         errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(entry)]
         assert not errors, f"docs example does not pass the schema:\n{block}\n{errors}"
     assert not [o for o, n in examples.items() if n == 0], f"options without an example: {examples}"
+
+
+def test_paths_that_stay_inside_the_root_are_accepted_and_stored_relative(folder):
+    """The root wall refuses only what lands outside: a symlink within the root and an absolute path under it pass
+    (the latter stored relative to the root, so the manifest stays portable)."""
+    (folder / "img" / "alias.jpg").symlink_to(folder / "img" / "a.jpg")
+    pd.DataFrame({"file": ["img/alias.jpg", str(folder / "img" / "b.jpg")], "pid": ["1", "2"]}).to_csv(
+        folder / "l.csv", index=False)
+    m, _ = adapt_table(folder, entry(sources=[{"file": "l.csv"}], image={"column": "file"}))
+    assert sorted(m["path"]) == ["img/alias.jpg", "img/b.jpg"]

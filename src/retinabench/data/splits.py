@@ -40,6 +40,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from retinabench.data.reports import exclusion_lines
 from retinabench.hashing import unit_hash
 from retinabench.schemas import DATASET_SPLIT, SPLIT, SPLITS
 
@@ -59,7 +60,6 @@ def require_images(manifest: pd.DataFrame, task: dict, exclusions: pd.DataFrame 
     dataset's image exclusions by reason (what removed them), not a complaint about split fractions."""
     if (manifest["modality"] == task["modality"]).any():
         return
-    from retinabench.data.reports import exclusion_lines
     present = ", ".join(f"{m} {n}" for m, n in manifest["modality"].value_counts().sort_index().items()) or "none"
     kinds = exclusion_lines(exclusions, scopes=("image",), indent="  ") if exclusions is not None else []
     why = ("the dataset's image exclusions by reason:\n" + "\n".join(kinds)) if kinds else \

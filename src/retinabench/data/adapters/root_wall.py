@@ -41,9 +41,20 @@ class RootWall:
         self.real = self.root.resolve()
         self.dataset = dataset
         self.breaches: dict[tuple[str, str], Breach] = {}
+        self._real_parents: dict[Path, Path] = {}
+
+    def resolve(self, path: Path) -> Path:
+        """``path.resolve()``, with each folder resolved once (a dataset has many images per folder)."""
+        if path.name in ("", ".", ".."):
+            return path.resolve()
+        parent = self._real_parents.get(path.parent)
+        if parent is None:
+            parent = self._real_parents[path.parent] = path.parent.resolve()
+        real = parent / path.name
+        return real.resolve() if real.is_symlink() else real
 
     def relative(self, name: str | Path, *, file: str, row: int | str | None = None) -> str | None:
-        real = (self.root / name).resolve()
+        real = self.resolve(self.root / name)
         if real != self.real and not real.is_relative_to(self.real):
             key = (file, str(row) if row is not None else str(name))
             self.breaches.setdefault(key, Breach(file, row, str(name), real))
