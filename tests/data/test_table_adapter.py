@@ -187,3 +187,61 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
     rows, unlabelled = task_rows(m, ref)
     # P002 has no grade (unlabelled); P001_L is mild DR with unknown edema: neither referable nor known not
     assert unlabelled == 1 and rows.set_index("image_id")["dr5"].to_dict() == {"P001_R": "yes", "P003_L": "no"}
+
+
+def table_docs() -> str:
+    """docs/datasets.md, section 'The table adapter' (to the end of the file or the next '## ' heading)."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "datasets.md").read_text()
+    start = text.index("\n## The table adapter\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def test_every_table_option_is_documented_with_a_schema_valid_example():
+    """Each option of the table schema (and of its sources, join, image and patient items) is named in the docs'
+    table-adapter section, and every YAML example there passes the registry schema."""
+    import re
+
+    import jsonschema
+    import yaml
+
+    from retinabench.registry import _schema
+    schema = _schema("datasets")
+    docs = table_docs()
+    table = schema["properties"]["table"]["properties"]
+    options = set(table) | set(schema["$defs"]["table_file"]["properties"])
+    options |= set(schema["$defs"]["listing"]["properties"])
+    for nested in ("join", "sources"):
+        options |= set(table[nested]["items"]["properties"])
+    options |= set(table["image"]["properties"]) | set(table["patient"]["properties"])
+    options |= set(schema["$defs"]["fields"]["additionalProperties"]["properties"])
+    undocumented = sorted(o for o in options if f"`{o}`" not in docs and f"`{o}:" not in docs)
+    assert not undocumented, f"table options without a word in docs/datasets.md: {undocumented}"
+
+    blocks = re.findall(r"```yaml\n(.*?)```", docs, re.S)
+    examples = {option: 0 for option in table}
+    validator = jsonschema.Draft202012Validator(schema)
+    for block in blocks:
+        doc = yaml.safe_load(block)
+        if "table" in doc:
+            for option in doc["table"]:
+                examples[option] += 1
+            entry = {"adapter": "table", "root": "x", "index_files": [], "modalities": ["cfp"],
+                     "web_exposure_risk": "low",
+                     "table": {"modality": "cfp", "patient": {"per_image": True}, **doc["table"]}}
+        else:  # a whole registry entry
+            (entry,) = doc.values()
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(entry)]
+        assert not errors, f"docs example does not pass the schema:\n{block}\n{errors}"
+    assert not [o for o, n in examples.items() if n == 0], f"options without an example: {examples}"
+
+
+def test_paths_that_stay_inside_the_root_are_accepted_and_stored_relative(folder):
+    """The root wall refuses only what lands outside: a symlink within the root and an absolute path under it pass
+    (the latter stored relative to the root, so the manifest stays portable)."""
+    (folder / "img" / "alias.jpg").symlink_to(folder / "img" / "a.jpg")
+    pd.DataFrame({"file": ["img/alias.jpg", str(folder / "img" / "b.jpg")], "pid": ["1", "2"]}).to_csv(
+        folder / "l.csv", index=False)
+    m, _ = adapt_table(folder, entry(sources=[{"file": "l.csv"}], image={"column": "file"}))
+    assert sorted(m["path"]) == ["img/alias.jpg", "img/b.jpg"]

@@ -2,9 +2,12 @@
 and what is missing, without running the pipeline (no hashing, no cache).
 
 Per dataset: the raw folder and every index file exist; the adapter's plan reads the index files (so a header,
-column or coding problem surfaces here, with the adapter's own message); the images the index names exist
-(missing ones counted and the first few listed); a few images, evenly spread, decode (by the decoder the pipeline
-uses), and those under ``images.min_side`` are named (the manifest job will exclude them).
+column, coding, encoding, path-outside-the-root or duplicate-id problem surfaces here, with the adapter's own
+message); the rows pass the checks the manifest job applies before hashing (``validate_manifest_rows``); the
+images the index names exist (missing ones counted and the first few listed); the exclusions the manifest job
+will record are counted by scope and reason (rows that join to no image, images without a label row, ...); a
+few images, evenly spread, decode (by the decoder the pipeline uses), and those under ``images.min_side`` are
+named (the manifest job will exclude them).
 """
 from __future__ import annotations
 
@@ -12,11 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retinabench.data.adapters import adapter_info
+from retinabench.data.adapters.common import validate_manifest_rows
+from retinabench.data.reports import exclusion_lines
 
 OK, ABSENT, INCOMPLETE, UNREADABLE, UNESTABLISHED, GENERATED = (
     "ok", "absent", "incomplete", "unreadable", "unestablished", "generated")
 _MISSING_PREFIXES = ("image file not found", "no image key")
 _SHOWN = 5
+_KINDS_SHOWN = 12
 
 
 @dataclass
@@ -63,11 +69,12 @@ def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2,
         if info.plan is not None:
             p = info.plan(root, entry)
             rows, excl = p.rows, p.exclusions.frame()
+            validate_manifest_rows(rows, root, name)  # what finish_manifest would refuse, without hashing
         else:
             rows, excl = info.adapt(root, entry)
     except Exception as err:  # report the adapter's own message; the check must go on to other datasets
         res.status = UNREADABLE
-        res.details.append(f"{type(err).__name__}: {err}")
+        res.details += f"{type(err).__name__}: {err}".splitlines()
         return res
     res.n_images = int(len(rows))
     res.n_patients = int(rows["patient_id"].nunique()) if len(rows) else 0
@@ -81,6 +88,9 @@ def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2,
         res.details += [f"  {r.source}: {r.reason}" for r in missing.head(_SHOWN).itertuples()]
     if res.n_unlisted:
         res.details.append(f"{res.n_unlisted} image file(s) on disk are named by no index row (recorded as exclusions)")
+    kinds = exclusion_lines(excl, shown=_KINDS_SHOWN, indent="  ")
+    if kinds:
+        res.details += [f"exclusions the manifest job will record ({len(excl)} rows), by scope and reason:", *kinds]
     if not res.n_images:
         res.status = INCOMPLETE
         res.details.append("no images found")

@@ -40,6 +40,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from retinabench.data.reports import exclusion_lines
 from retinabench.hashing import unit_hash
 from retinabench.schemas import DATASET_SPLIT, SPLIT, SPLITS
 
@@ -52,6 +53,21 @@ METHODS = ("hash", "ranked")
 
 class SplitError(ValueError):
     pass
+
+
+def require_images(manifest: pd.DataFrame, task: dict, exclusions: pd.DataFrame | None = None) -> None:
+    """A task whose modality has no image left in the manifest is an error naming the task, the modality and the
+    dataset's image exclusions by reason (what removed them), not a complaint about split fractions."""
+    if (manifest["modality"] == task["modality"]).any():
+        return
+    present = ", ".join(f"{m} {n}" for m, n in manifest["modality"].value_counts().sort_index().items()) or "none"
+    kinds = exclusion_lines(exclusions, scopes=("image",), indent="  ") if exclusions is not None else []
+    why = ("the dataset's image exclusions by reason:\n" + "\n".join(kinds)) if kinds else \
+        "the exclusions table records no image exclusions (does the adapter read this modality at all?)"
+    raise SplitError(f"task {task['name']!r}: dataset {task['dataset']!r} has no {task['modality']} images left "
+                     f"after exclusions (manifest images by modality: {present}); {why}\nFix: the manifest job's log "
+                     f"shows the same counts; restore the excluded images (or the rows naming them), or drop the "
+                     f"task from the config")
 
 
 def task_rows(manifest: pd.DataFrame, task: dict) -> tuple[pd.DataFrame, int]:
@@ -217,6 +233,9 @@ def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[
     tolerance, class-presence moves). See the module doc."""
     fractions = check_fractions(fractions or DEFAULT_FRACTIONS)
     dataset = dataset or (str(manifest["dataset"].iloc[0]) if len(manifest) else "?")
+    if not len(manifest):
+        raise SplitError(f"dataset {dataset!r}: the manifest has no images: every raw row was excluded (the "
+                         f"manifest job's log and exclusions.parquet count them by reason)")
     groups, report = split_groups(manifest, duplicates, near=near)
     if groups["group_id"].nunique() < len(SPLITS):
         raise SplitError(f"dataset {dataset!r}: {groups['group_id'].nunique()} groups (patients ∪ duplicate "
@@ -294,8 +313,10 @@ def _balanced_mask(df: pd.DataFrame, seed: int) -> np.ndarray:
     return mask
 
 
-def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, seed: int = 0) -> pd.DataFrame:
+def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, seed: int = 0,
+               exclusions: pd.DataFrame | None = None) -> pd.DataFrame:
     """The task's view of the dataset assignment (schema ``split``), checked (see :func:`check_split`)."""
+    require_images(manifest, task, exclusions)
     rows, _ = task_rows(manifest, task)
     rows = rows.sort_values("image_id", kind="stable").reset_index(drop=True)
     a = assignment.set_index("image_id")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from retinabench.data.reports import exclusion_summary, manifest_report
+from retinabench.data.reports import exclusion_lines, exclusion_summary, manifest_report
 from retinabench.pipeline.job import Job, announce, write_artifact, write_outputs
 from retinabench.pipeline.registry import stage
 from retinabench.schemas import read_table
@@ -45,6 +45,9 @@ def stage_manifest(job: Job) -> None:
                                                 policy=entry.get("on_corrupt", "error"))
     manifest, exclusions, n_small = exclude_too_small(manifest, exclusions, checks, dataset=dataset,
                                                       min_side=min_side)
+    if manifest.empty:  # every task of the dataset would fail later, blaming its split instead
+        raise ValueError(f"dataset {dataset!r}: no image reached the manifest ({entry.get('modalities')} declared); "
+                         f"exclusions by scope and reason:\n" + "\n".join(exclusion_lines(exclusions, indent="  ")))
     hashes = checks[checks["image_id"].isin(manifest["image_id"])]
     hashes = hashes.astype({"width": "int64", "height": "int64"})[["image_id", "sha256", "width", "height", "mode",
                                                                    "phash"]]
@@ -144,7 +147,7 @@ def stage_task_split(job: Job) -> None:
     if unlabelled != len(recorded):
         raise ValueError(f"task {task['name']}: {unlabelled} {task['modality']} images lack a {task['label']!r} label "
                          f"but the exclusions table records {len(recorded)}: the adapter dropped labels silently")
-    split = task_split(manifest, assignment, task, seed=seed)
+    split = task_split(manifest, assignment, task, seed=seed, exclusions=exclusions)
     write_artifact(split, job.output["split"], "split")
     summary = split_summary(split, task) | {"unlabelled_excluded": unlabelled}
     write_outputs(job, written=[job.output["split"]], config={"task": task, "seed": seed}, seed=seed,

@@ -33,7 +33,7 @@ def adapt_unestablished(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataF
     raise UnestablishedLayoutError(
         f"dataset {entry.get('name', '?')!r}: its raw layout could not be established from public sources, so "
         f"there is no adapter for it. Reason: {entry.get('reason', '(no reason recorded)')}. If you hold the "
-        f"data, describe its index file(s) with a `table` adapter entry (docs/datasets.md, 'Your own data').")
+        f"data, describe its index file(s) with a `table` adapter entry (docs/datasets.md, 'The table adapter').")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Helpers shared by adapters: exclusion records and manifest finishing (hashes, checks)."""
+"""Helpers shared by adapters: exclusion records and manifest finishing (checks, hashes)."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from retinabench.data.adapters.image_ids import settle_duplicate_ids
+from retinabench.data.adapters.root_wall import RootWall
 from retinabench.hashing import sha256_file
 from retinabench.schemas import MANIFEST, MODALITIES
 
@@ -53,18 +55,27 @@ class Exclusions:
         return pd.DataFrame(self.rows, columns=["dataset", "source", "image_id", "scope", "reason"])
 
 
+def validate_manifest_rows(df: pd.DataFrame, root: Path, dataset: str | None = None) -> None:
+    """What every manifest must satisfy, checked before hashing (and by ``datasets --check``): unique image ids,
+    known modalities, and every path inside the dataset root (after symlinks)."""
+    dataset = dataset or (str(df["dataset"].iloc[0]) if len(df) and "dataset" in df else Path(root).name)
+    settle_duplicate_ids(df, [f"manifest row {k + 1}" for k in range(len(df))], dataset=dataset)
+    bad_mod = sorted(set(df["modality"]) - set(MODALITIES))
+    if bad_mod:
+        raise ValueError(f"manifest for {root}: unknown modality values {bad_mod}; allowed {MODALITIES}")
+    wall = RootWall(root, dataset)
+    for image_id, rel in zip(df["image_id"], df["path"]):
+        wall.relative(rel, file=f"the {dataset} adapter's manifest", row=f"image {image_id}")
+    wall.raise_if_breached()
+
+
 def finish_manifest(df: pd.DataFrame, root: Path, label_columns: list[str], threads: int = 4) -> pd.DataFrame:
     """Check the fixed columns, add each file's sha256 and return columns in schema order.
 
     Hashing goes through :func:`retinabench.hashing.sha256_file`, which the manifest job primes from the raw-file
     cache (retinabench.data.raw_state), so a rerun re-hashes only files whose size or mtime changed. The decode
     pass (corrupt images, perceptual hashes) runs after the adapter, in the manifest stage, for every adapter."""
-    dupes = df.loc[df["image_id"].duplicated(keep=False), "image_id"]
-    if len(dupes):
-        raise ValueError(f"manifest for {root}: duplicate image_id values {sorted(set(dupes))[:10]}")
-    bad_mod = sorted(set(df["modality"]) - set(MODALITIES))
-    if bad_mod:
-        raise ValueError(f"manifest for {root}: unknown modality values {bad_mod}; allowed {MODALITIES}")
+    validate_manifest_rows(df, root)
     from retinabench.progress import progress
     with ThreadPoolExecutor(max_workers=threads) as pool:
         hashes = pool.map(lambda rel: sha256_file(root / rel), df["path"])

@@ -26,6 +26,7 @@ import pandas as pd
 
 from retinabench.data.adapters.common import Exclusions, finish_manifest
 from retinabench.data.adapters.labels import LabelCoding, LabelReader
+from retinabench.data.adapters.root_wall import RootWall
 from retinabench.data.adapters.table import OFFICIAL_SPLIT, Plan, cell_text
 from retinabench.data.readers import NPZ_IMAGE_KEYS
 
@@ -72,12 +73,15 @@ def plan(root: Path, entry: dict) -> Plan:
     if modality not in ("cfp", "oct", "slo", "uwf"):
         raise ValueError(f"dataset {dataset!r}: npz.modality must be cfp, oct, slo or uwf, got {modality!r}")
     rows, any_pid = [], False
+    wall = RootWall(root, dataset)
     for folder, partition in cfg["folders"].items():
         base = root / folder
         if not base.is_dir():
             raise FileNotFoundError(f"dataset {dataset!r}: folder {base} not found")
         for path in sorted(base.glob(cfg.get("glob", "*.npz"))):
-            rel = path.relative_to(root).as_posix()
+            rel = wall.relative(path.relative_to(root).as_posix(), file=f"folder {folder!r}")
+            if rel is None:  # never opened: reported with every other such archive below
+                continue
             image_id = str(Path(rel).with_suffix(""))
             with np.load(path, allow_pickle=False) as archive:
                 if not any(k in archive.files for k in NPZ_IMAGE_KEYS):
@@ -104,6 +108,7 @@ def plan(root: Path, entry: dict) -> Plan:
                 else:
                     row[name] = reader.read(coding, raw, source=rel, image_id=image_id)
             rows.append(row)
+    wall.raise_if_breached()
     reader.finish()
     if rows and not any_pid:
         excl.add("(dataset)", None, "normalised",

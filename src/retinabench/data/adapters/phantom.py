@@ -12,7 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from retinabench.data.adapters.common import Exclusions, finish_manifest
+from retinabench.data.adapters.index_text import read_index_csv
 from retinabench.data.adapters.labels import LabelCoding, LabelReader
+from retinabench.data.adapters.root_wall import RootWall
 
 _UNGRADED = {"": "not graded"}
 LABELS = {  # manifest column -> (coding of its metadata column, modality graded on)
@@ -31,15 +33,18 @@ def adapt_phantom(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     meta_path = root / "metadata.csv"
     if not meta_path.is_file():
         raise FileNotFoundError(f"phantom adapter: {meta_path} not found (run the phantom rule first)")
-    meta = pd.read_csv(meta_path, dtype=str, keep_default_na=False)
+    meta = read_index_csv(meta_path, dataset=dataset, configurable=False, dtype=str, keep_default_na=False)
     missing = [c for c in _COLUMNS if c not in meta.columns]
     if missing:
         raise ValueError(f"{meta_path}: missing columns {missing}")
     excl = Exclusions(dataset)
     labels = LabelReader.for_entry(excl, entry)
+    wall = RootWall(root, dataset)
     rows = []
     for i, rec in meta.iterrows():
         src = f"metadata.csv:row {i + 2}"
+        if wall.relative(rec["file"], file="metadata.csv", row=i + 2) is None:
+            continue
         if not (root / rec["file"]).is_file():
             excl.add(src, rec["image_id"], "image", f"image file {rec['file']} not found")
             continue
@@ -54,6 +59,7 @@ def adapt_phantom(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
             row[column] = labels.read(coding, rec[coding.raw_column], source=src,
                                       image_id=rec["image_id"]) if applies else None
         rows.append(row)
+    wall.raise_if_breached()
     labels.finish()
     manifest = finish_manifest(pd.DataFrame(rows), root, list(LABELS))
     return manifest, excl.frame()

@@ -22,7 +22,9 @@ from pathlib import Path
 import pandas as pd
 
 from retinabench.data.adapters.common import Exclusions, finish_manifest, index_files
+from retinabench.data.adapters.index_text import read_index_csv
 from retinabench.data.adapters.labels import LabelCoding, LabelReader
+from retinabench.data.adapters.root_wall import RootWall
 
 _SOURCES = {  # modality -> (csv name, image folder, expected modality letter)
     "cfp": ("EYE FUNDUS.csv", "EYE FUNDUS", "f"),
@@ -41,12 +43,13 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     dataset = entry.get("name", "tvhl")
     excl = Exclusions(dataset)
     labels = LabelReader.for_entry(excl, entry)
+    wall = RootWall(root, dataset)
     rows = []
     for modality, (csv_name, folder, letter) in _SOURCES.items():
         csv_path = root / csv_name
         if not csv_path.is_file():
             raise FileNotFoundError(f"tvhl adapter: {csv_path} not found (is data_root right?)")
-        table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+        table = read_index_csv(csv_path, dataset=dataset, configurable=False, dtype=str, keep_default_na=False)
         missing_cols = {"Name", "DME", "DR"} - set(table.columns)
         if missing_cols:
             raise ValueError(f"{csv_path}: missing columns {sorted(missing_cols)}")
@@ -75,6 +78,9 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
             if path is None:
                 excl.add(src, image_id, "image", f"image file {name}.jpg not found under {folder}/")
                 continue
+            path = wall.relative(path.as_posix(), file=csv_name, row=i + 2)
+            if path is None:
+                continue
             dr = labels.read(DR, rec["DR"], source=src, image_id=image_id)
             dme = labels.read(DME, rec["DME"], source=src, image_id=image_id)
             rows.append({"image_id": image_id, "path": str(path), "dataset": dataset,
@@ -82,6 +88,7 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
         for stem in sorted(set(on_disk) - listed):
             excl.add(str(on_disk[stem]), f"{modality}_{stem}", "image",
                      f"image not listed in {csv_name}: no labels")
+    wall.raise_if_breached()
     labels.finish()
     manifest = finish_manifest(pd.DataFrame(rows), root, LABEL_COLUMNS)
     return manifest, excl.frame()
