@@ -36,7 +36,7 @@ def test_fault3_a_second_run_on_a_locked_results_folder_is_refused_naming_the_ho
     """The lock lives in the results folder, not in a checkout's .snakemake: a run from another checkout on the same
     results folder is refused, with the holder (host, pid, checkout, since) and how to clear a stale lock."""
     from retinabench.atomic import host_name
-    from retinabench.pipeline.run_lock import LOCK_NAME, RunLock, RunLockError
+    from retinabench.pipeline.run_lock import LOCK_NAME, RunLock, RunLockError, process_start
     results = tmp_path / "shared_results"
     results.mkdir()
     (results / LOCK_NAME).write_text(json.dumps(lock_record(other_process.pid)))
@@ -51,6 +51,10 @@ def test_fault3_a_second_run_on_a_locked_results_folder_is_refused_naming_the_ho
         assert part in said, said
     assert json.loads((results / LOCK_NAME).read_text())["pid"] == other_process.pid  # the holder's lock is kept
 
+    if process_start(other_process.pid):  # Linux: the holder's pid taken by a later process (another start) is stale
+        (results / LOCK_NAME).write_text(json.dumps(dict(lock_record(other_process.pid), process_start="1")))
+        with pytest.raises(RunLockError, match=f"stale: pid {other_process.pid}"):
+            RunLock(results).acquire()
     other_process.kill()
     other_process.wait()
     with pytest.raises(RunLockError, match=rf"stale: pid {other_process.pid} no longer runs on this host"):
@@ -72,6 +76,33 @@ def test_fault3_a_second_run_on_a_locked_results_folder_is_refused_naming_the_ho
         RunLock(results).acquire()
     assert not RunLock(results).release()  # only the lock's own taker releases it
     assert lock.release() and not (results / LOCK_NAME).exists() and holder.token == record["token"]
+
+
+TAKE_LOCK = textwrap.dedent("""
+    import os, sys
+    from retinabench.pipeline.run_lock import RunLock
+    RunLock(sys.argv[1]).acquire()
+    print("locked", flush=True)
+    if sys.argv[2] == "killed":
+        sys.stdin.readline()  # held until SIGKILL
+    raise SystemExit(1)  # an error the Snakefile's handlers never see: released at exit
+""")
+
+
+def test_fault3_the_lock_is_released_at_exit_and_a_killed_runs_lock_is_named_stale(tmp_path):
+    from retinabench.pipeline.run_lock import LOCK_NAME, RunLock, RunLockError
+    results = tmp_path / "results"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    exited = subprocess.run([sys.executable, "-c", TAKE_LOCK, str(results), "exits"], capture_output=True, text=True,
+                            env=env)
+    assert exited.stdout == "locked\n" and not (results / LOCK_NAME).exists(), exited.stderr
+    killed = subprocess.Popen([sys.executable, "-c", TAKE_LOCK, str(results), "killed"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    assert killed.stdout.readline() == "locked\n"
+    killed.kill()
+    killed.wait()
+    with pytest.raises(RunLockError, match=rf"stale: pid {killed.pid} no longer runs on this host"):
+        RunLock(results).acquire()
 
 
 @pytest.mark.slow

@@ -161,8 +161,8 @@ class RunLock:
             log(f"retinabench: removed the run lock {self.path} (held by {removed.describe()})" if removed else
                 f"retinabench: no run lock in {self.results}")
             return True
-        holder = self.holder() if self.path.exists() else None
-        if holder is not None or self.path.exists():
+        if self.path.exists():
+            holder = self.holder()
             who = holder.describe() if holder else "a writer whose record is not readable"
             log(f"retinabench: the results folder {self.results} is locked by another run ({who}); a dry run "
                 f"only reads it, a run would be refused")
