@@ -49,7 +49,18 @@ rule lora:
 apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)
 
 
+# One writer per results folder (retinabench.pipeline.run_lock): <results>/.retinabench.lock, seen by every checkout
+# and host sharing the folder. Snakemake calls onstart only in the main process of a run that executes jobs (not in
+# Slurm / remote jobs, dry runs, --lint); a second run on the folder is refused there, naming the holder.
+onstart:
+    try:
+        P.take_run_lock(enabled=workflow.execution_settings.lock)
+    except RunLockError as err:
+        raise WorkflowError(str(err))
+
+
 onsuccess:
+    P.run_lock.release()
     # What this run did not produce, and why (results/skipped_analyses.csv; retinabench.skipped). Written by the
     # skipped_analyses rule; a run of other targets prints the table of the last full run (dated).
     import sys
@@ -59,6 +70,7 @@ onsuccess:
 
 
 onerror:
+    P.run_lock.release()
     # Tables and figures left from an earlier run that no longer match their inputs (retinabench.integrity).
     import sys
     from retinabench.integrity import report_stale

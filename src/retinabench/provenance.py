@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+from retinabench.atomic import write_text_atomic
 from retinabench.hashing import SNAKEMAKE_MARKER, sha256_file
 
 SIDECAR_SUFFIX = ".prov.json"
@@ -108,9 +109,7 @@ def write_sidecar(artifact: str | os.PathLike, *, rule: str, inputs: Iterable[st
     if files is not None:
         record["files"] = files
     path = sidecar_path(artifact)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True, default=str))
     return path
 
 

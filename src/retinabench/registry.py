@@ -95,13 +95,27 @@ def check_cross_references(datasets: dict, tasks: dict, encoders: dict | None = 
                     raise RegistryError(f"encoder {name!r} exposure {ds!r}: did you mean {close[0]!r}?")
 
 
-class Registries:
-    """The three registries of one configuration, with the names a run selects."""
+RESULTS_PLACEHOLDER = "{results}"
 
-    def __init__(self, datasets_path, tasks_path, encoders_path):
+
+def resolve_results(encoders: dict[str, dict], results: str | None) -> dict[str, dict]:
+    """An encoder's ``weights_path`` may start with ``{results}``: the configured results folder (the demo's tiny
+    models are built there by rule tiny_model, whatever ``results:`` says). Without a results folder (a registry
+    read outside a run) the placeholder stays."""
+    if results is None:
+        return encoders
+    return {name: {**e, "weights_path": e["weights_path"].replace(RESULTS_PLACEHOLDER, str(results))}
+            if RESULTS_PLACEHOLDER in e.get("weights_path", "") else e for name, e in encoders.items()}
+
+
+class Registries:
+    """The three registries of one configuration, with the names a run selects; ``results``: the results folder a
+    ``{results}`` in an encoder's ``weights_path`` stands for."""
+
+    def __init__(self, datasets_path, tasks_path, encoders_path, results: str | None = None):
         self.datasets = load_registry(datasets_path, "datasets")
         self.tasks = load_registry(tasks_path, "tasks")
-        self.encoders = load_registry(encoders_path, "encoders")
+        self.encoders = resolve_results(load_registry(encoders_path, "encoders"), results)
         check_cross_references(self.datasets, self.tasks, self.encoders)
         # Lock records travel with their entries (config/encoders.lock.yaml beside config/encoders.yaml).
         from retinabench.models.lock import attach_locks, lock_path_for, read_lock
@@ -111,7 +125,7 @@ class Registries:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Registries:
         reg = config["registries"]
-        return cls(reg["datasets"], reg["tasks"], reg["encoders"])
+        return cls(reg["datasets"], reg["tasks"], reg["encoders"], results=str(config.get("results", "results")))
 
     def task(self, name: str) -> dict:
         try:

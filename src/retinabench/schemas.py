@@ -108,17 +108,11 @@ def conform(df: pd.DataFrame, kind: str, *, where: str = "") -> pa.Table:
 
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike, kind: str) -> Path:
+    from retinabench.atomic import atomic_write
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = conform(df, kind, where=str(path))
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        pq.write_table(table, tmp)
-        tmp.replace(path)  # atomic: a killed job never leaves a half-written artifact under the final name
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    # atomic, under a temporary name of this writer's own: a killed job never leaves a half-written artifact
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_table(path: str | os.PathLike, kind: str | None = None, columns: Iterable[str] | None = None) -> pd.DataFrame:

@@ -11,6 +11,9 @@ from pathlib import Path
 from retinabench.registry import Registries, RegistryError
 
 
+GENERATED_FOLDER = "raw"  # generated datasets' raw folders, inside the results folder: <results>/raw/<root>
+
+
 @dataclass
 class Plan:
     results: str
@@ -21,7 +24,11 @@ class Plan:
     encoders: list[str]
 
     def dataset_root(self, dataset: str) -> str:
-        return str(Path(self.data_root) / self.registries.dataset(dataset)["root"])
+        """A dataset's raw folder: ``<data_root>/<root>``; a generated one (the phantom) is written by the pipeline
+        under ``<results>/raw/<root>``, so it follows ``results:`` wherever that points."""
+        entry = self.registries.dataset(dataset)
+        base = Path(self.results) / GENERATED_FOLDER if entry.get("generated") else Path(self.data_root)
+        return str(base / entry["root"])
 
     def tasks_of(self, dataset: str) -> list[str]:
         return [t for t in self.tasks if self.registries.task(t)["dataset"] == dataset]

@@ -19,13 +19,20 @@ def test_exclusion_summary_counts_by_scope_and_reason_folding_per_file_details()
 
 
 def test_a_failing_stage_removes_its_outputs_sidecars_and_temp_files(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from retinabench.atomic import host_name, temp_path
     out = tmp_path / "t.parquet"
-    stale = [tmp_path / "t.parquet.prov.json", tmp_path / "t.parquet.tmp", tmp_path / "t.parquet.prov.json.tmp"]
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = f"{host_name()}.{int(gone.stdout)}.0123abcd.tmp"  # an earlier attempt's writer, killed on this host
+    stale = [tmp_path / "t.parquet.prov.json", tmp_path / f"t.parquet.{killed}",
+             tmp_path / f"t.parquet.prov.json.{killed}"]
     for p in stale:
         p.write_text(json.dumps({}))
 
     def failing(job):
-        pd.DataFrame({"a": [1]}).to_parquet(str(out) + ".tmp")
+        pd.DataFrame({"a": [1]}).to_parquet(temp_path(out))  # this job's own temporary file
         (tmp_path / "t.parquet.prov.json").write_text("{}")
         raise RuntimeError("boom")
 

@@ -58,13 +58,14 @@ def prompted_demo(tmp_path_factory) -> dict:
     """One run serving the demo tests of the prompt-based protocols and LoRA: config/interfaces_demo.yaml merged
     with config/mllm_demo.yaml (as `--configfile` both would be), targets `interfaces` and `lora` — the tiny models
     built once, zero-shot and MLLM prompting, their reliability tables, LoRA training, adapter inference and the
-    deltas. Tests may read it but must copy it before changing anything."""
+    deltas, in the results folder of the last of them (``R``). Tests may read it but must copy it before changing
+    anything."""
     demo = merged(*(yaml.safe_load((REPO / f"config/{n}.yaml").read_text()) for n in ("interfaces_demo",
                                                                                        "mllm_demo")))
     work = copy_workflow(tmp_path_factory.mktemp("prompted_demo") / "repo", demo)
     proc = snakemake(work, "--keep-going", "interfaces", "lora")  # a flag first: --configfile takes several files
     counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", proc.stdout + proc.stderr, re.M)}
-    return {"work": work, "R": work / "results", "counts": counts, "proc": proc}
+    return {"work": work, "R": work / demo["results"], "counts": counts, "proc": proc}
 
 
 @pytest.fixture(scope="session")

@@ -49,11 +49,11 @@ def test_the_interfaces_demo_runs_through_snakemake_on_the_phantom_with_the_tiny
     interfaces run on the phantom, and the interface tables and the reliability tables of both sources come out
     (random models: chance level; the counts are what is pinned)."""
     import pandas as pd
-    counts, work = prompted_demo["counts"], prompted_demo["work"]
+    counts = prompted_demo["counts"]
     assert counts["tiny_model"] == 2 and counts["zeroshot"] == 1 and counts["mllm"] == 1
     assert counts["reliability"] == 2 and counts["interface_tables"] == 1
     assert not any(k in counts for k in ("features", "frozen", "collect_metrics")), counts
-    R = work / "results"
+    R = prompted_demo["R"]
     zs = pd.read_parquet(R / "predictions/zeroshot/tiny_siglip/all.parquet")
     ml = pd.read_parquet(R / "predictions/mllm/tiny_qwen2_vl/all.parquet")
     assert set(zs["protocol"].str.split("@").str[0]) == {"zeroshot", "zeroshot_focus"}

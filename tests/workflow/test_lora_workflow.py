@@ -97,7 +97,7 @@ def test_paired_deltas_have_in_and_out_of_domain_rows_with_counts_and_a_table5(d
 def test_every_delta_traces_back_to_the_adapter_and_the_base_predictions(demo, monkeypatch):
     from retinabench.provenance import provenance_chain
     monkeypatch.chdir(demo["work"])  # sidecars record paths relative to the workflow folder
-    chain = provenance_chain("results/lora/deltas/comparisons.parquet")
+    chain = provenance_chain(demo["R"].relative_to(demo["work"]) / "lora/deltas/comparisons.parquet")
     paths = [n["path"] for n in chain]
     assert not [n["path"] for n in chain if n["stale"]]
     assert any(p.endswith(f"lora/{ENTRY}/{SOURCE}/adapter") for p in paths)
@@ -106,7 +106,7 @@ def test_every_delta_traces_back_to_the_adapter_and_the_base_predictions(demo, m
 
 
 def test_the_report_has_a_lora_section_with_table5(demo):
-    report = demo["work"] / "results/report.html"
+    report = demo["R"] / "report.html"
     demo["run"](demo["work"], "--report", str(report), "interfaces", "lora")
     html = report.read_text(errors="replace")
     assert "9. LoRA fine-tuning of MLLMs" in html and "table5.png" in html and "table5.csv" in html

@@ -29,6 +29,10 @@ def test_outputs_and_tidy_metrics(tiny_workflow):
     assert (r / "figures/rank_distribution.png").stat().st_size > 10_000
     excl = read_table(r / "data/phantom/exclusions.parquet", "exclusions")
     assert list(excl.columns) == ["dataset", "source", "image_id", "scope", "reason"]
+    # one writer per results folder (issue 23, fault 3): the run took the lock in results/ and released it
+    assert f"retinabench: locked the results folder {r}" in (tiny_workflow / "run.log").read_text()
+    assert not (r / ".retinabench.lock").exists()
+    assert not list(r.rglob("*.tmp"))  # every temporary file renamed or removed
 
 
 def test_second_run_does_nothing(tiny_workflow, run_snakemake):

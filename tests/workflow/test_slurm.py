@@ -85,9 +85,10 @@ SLURM_RULES = {"features", "frozen", "finetune"}  # what the cluster runs: the t
 LORA_MODEL, LORA_TASK, LORA_OOD_TASK = "tiny_qwen2_vl", "phantom_cfp_glaucoma", "phantom_siteb_cfp_glaucoma"
 LORA_OVERRIDES = {"lora": {"gpus": 2, "processes": 2, "train": {"max_steps": 6, "grad_accum": 2}}}
 LORA_CONFIGS = ("config/mllm_demo.yaml", "config/lora_slurm.yaml")
-LORA_DIR = f"results/lora/{LORA_MODEL}/{LORA_TASK}"
-LORA_TARGET = f"results/metrics/mllm_lora/{LORA_MODEL}/{LORA_TASK}.parquet"  # needs the training job's adapter
-LORA_PREDICTIONS = f"results/predictions/mllm_lora/{LORA_MODEL}/{LORA_TASK}.parquet"
+LORA_R = yaml.safe_load((REPO / LORA_CONFIGS[0]).read_text())["results"]  # the demo's own results folder
+LORA_DIR = f"{LORA_R}/lora/{LORA_MODEL}/{LORA_TASK}"
+LORA_TARGET = f"{LORA_R}/metrics/mllm_lora/{LORA_MODEL}/{LORA_TASK}.parquet"  # needs the training job's adapter
+LORA_PREDICTIONS = f"{LORA_R}/predictions/mllm_lora/{LORA_MODEL}/{LORA_TASK}.parquet"
 LORA_RULES = {"mllm_lora_train", "mllm_lora_infer"}  # what the cluster runs of it: data and tiny model run locally
 
 
@@ -589,7 +590,7 @@ def test_lora_training_job_gets_its_gpus_and_runs_one_process_per_gpu(slurm_runs
     assert job["Partition"] == "gpu" and "gres:gpu:h100:2" in job.get("TresPerJob", ""), job
     # the rule's 4 threads over its 2 GPUs: 2 CPUs per GPU
     assert (job["Features"], job.get("CpusPerTres"), job["NumCPUs"]) == ("h100", "gres:gpu:2", "4"), job
-    log = (slurm_runs.lora / f"results/logs/mllm_lora_train/{LORA_MODEL}/{LORA_TASK}.log").read_text()
+    log = (slurm_runs.lora / f"{LORA_R}/logs/mllm_lora_train/{LORA_MODEL}/{LORA_TASK}.log").read_text()
     assert "training with 2 process(es) (job holds 2 GPU(s) on Slurm)" in log, log[-4000:]
     assert "torch.distributed.run --standalone --nproc_per_node=2" in log, log[-4000:]
     for rank in (0, 1):

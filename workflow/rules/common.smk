@@ -5,6 +5,7 @@
 from snakemake.exceptions import WorkflowError
 
 from retinabench.pipeline.plan import WorkflowPlan
+from retinabench.pipeline.run_lock import RunLockError
 from retinabench.workflow_plan import ConfigError
 
 P = WorkflowPlan(config)

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from retinabench.atomic import write_text_atomic
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
@@ -14,10 +16,7 @@ def main(argv: list[str]) -> int:
     from retinabench.compute.benchmark import run_phases
     spec = json.loads(Path(argv[0]).read_text())
     rows = run_phases(spec)
-    out = Path(argv[1])
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(rows, default=str))
-    tmp.replace(out)
+    write_text_atomic(Path(argv[1]), json.dumps(rows, default=str))
     for r in rows:
         print(f"{r['encoder']} {r['phase']}: {r['seconds_median'] * 1e3:.2f} ms median (p90 "
               f"{r['seconds_p90'] * 1e3:.2f}) per batch of {r['batch_size']}, peak {r['peak_mem_mb']:.1f} MiB "

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from retinabench.atomic import atomic_path
 from retinabench.data.readers import decode_image
 from retinabench.schemas import write_table, read_table
 
@@ -58,12 +59,10 @@ def build_image_cache(manifest: pd.DataFrame, root: str | os.PathLike, out_array
         raise ValueError(f"unknown resize mode {resize!r}; expected one of {RESIZE_MODES}")
     root = Path(root)
     out_array = Path(out_array)
-    out_array.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(out_array) + ".tmp")  # removed on any failure: a failed job leaves no partial array behind
     n = len(manifest)
     paths = [root / p for p in manifest["path"]]
     failed: list[str] = []
-    try:
+    with atomic_path(out_array) as tmp:  # removed on any failure: a failed job leaves no partial array behind
         store = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, size, size, 3))
         bar = _progress(n, f"cache {out_array.parent.name}", progress)
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
@@ -82,10 +81,6 @@ def build_image_cache(manifest: pd.DataFrame, root: str | os.PathLike, out_array
                           + more)
         store.flush()
         del store
-        tmp.replace(out_array)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     write_table(pd.DataFrame({"image_id": manifest["image_id"].to_numpy(), "row": np.arange(n, dtype="int64")}),
                 out_index, "image_index")
     return n

@@ -26,6 +26,8 @@ from PIL import ImageFile
 
 from retinabench.data.readers import decode_image
 
+from retinabench.atomic import atomic_write
+
 PHASH_SIZE = 16                 # 16 x 16 = 256-bit DCT hash (why: retinabench.data.duplicates)
 PHASH_BYTES = PHASH_SIZE * PHASH_SIZE // 8
 HASH_VERSION = f"imagehash.phash(hash_size={PHASH_SIZE}) of the grayscale image"
@@ -113,14 +115,8 @@ def check_images(manifest: pd.DataFrame, root: str | os.PathLike, *, cache_path:
 
 
 def _write_cache(known: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        known.astype({"width": "Int64", "height": "Int64", "ok": bool}).to_parquet(tmp, index=False)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    table = known.astype({"width": "Int64", "height": "Int64", "ok": bool})
+    atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
 
 
 def apply_corrupt_policy(manifest: pd.DataFrame, exclusions: pd.DataFrame, checks: pd.DataFrame, *,

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from retinabench import hashing
+from retinabench.atomic import write_text_atomic
 
 FINGERPRINT_NAME = "raw_fingerprint.json"
 CACHE_NAME = ".raw_files_cache.parquet"
@@ -125,10 +126,7 @@ class RawState:
         for key in ("changed", "added", "removed"):
             record[f"n_{key}"] = len(report[key])
             record[key] = report[key][:_LISTED]
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.fingerprint_path.with_name(self.fingerprint_path.name + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(self.fingerprint_path)
+        write_text_atomic(self.fingerprint_path, json.dumps(record, indent=1))
 
     def prime_hash_memo(self) -> int:
         """Let ``sha256_file`` reuse the cached digest of every file whose size and mtime are unchanged."""

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
+from retinabench.atomic import atomic_path
 from retinabench.data.image_cache import open_image_cache
 from retinabench.models.loaders import Encoder
 
@@ -76,29 +77,27 @@ def extract_features(encoder: Encoder, cache_array: str | os.PathLike, cache_ind
     if amp:
         torch.backends.cudnn.benchmark = True
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
     schema = features_schema(encoder.embed_dim)
     n = images.shape[0]
     from tqdm import tqdm
     bar = tqdm(total=n, desc=f"features {encoder.name}", unit="img", disable=not progress, mininterval=5)
     ids = index["image_id"].to_numpy()
-    with pq.ParquetWriter(tmp, schema) as writer, torch.inference_mode():
-        for start in range(0, n, batch_size):
-            x = to_model_input(images[start:start + batch_size], encoder, dev)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-                emb = module(x)
-            emb = emb.float().cpu().numpy()
-            if not np.isfinite(emb).all():
-                raise FloatingPointError(f"encoder {encoder.name}: non-finite embedding in images "
-                                         f"{start}..{start + len(emb) - 1} of {cache_array}")
-            flat = pa.array(emb.reshape(-1), type=pa.float32())
-            col = pa.FixedSizeListArray.from_arrays(flat, encoder.embed_dim)
-            writer.write_table(pa.table({"image_id": pa.array(ids[start:start + len(emb)], pa.string()),
-                                         "embedding": col}, schema=schema))
-            bar.update(len(emb))
-    bar.close()
-    tmp.replace(out_path)
+    with atomic_path(out_path) as tmp:  # a failed extraction leaves no partial table behind
+        with pq.ParquetWriter(tmp, schema) as writer, torch.inference_mode():
+            for start in range(0, n, batch_size):
+                x = to_model_input(images[start:start + batch_size], encoder, dev)
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+                    emb = module(x)
+                emb = emb.float().cpu().numpy()
+                if not np.isfinite(emb).all():
+                    raise FloatingPointError(f"encoder {encoder.name}: non-finite embedding in images "
+                                             f"{start}..{start + len(emb) - 1} of {cache_array}")
+                flat = pa.array(emb.reshape(-1), type=pa.float32())
+                col = pa.FixedSizeListArray.from_arrays(flat, encoder.embed_dim)
+                writer.write_table(pa.table({"image_id": pa.array(ids[start:start + len(emb)], pa.string()),
+                                             "embedding": col}, schema=schema))
+                bar.update(len(emb))
+        bar.close()
     return {"n_images": int(n), "dim": encoder.embed_dim, "device": str(dev), "batch_size": batch_size,
             "precision": "bf16 autocast" if amp else "fp32", "channels_last": used_cl}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from retinabench.atomic import atomic_path, write_text_atomic
 from retinabench.hashing import sha256_file
 
 LOCK_VERSION = 1
@@ -129,9 +129,7 @@ def write_lock(path: str | os.PathLike, records: dict[str, dict]) -> None:
     path = Path(path)
     body = yaml.safe_dump({"version": LOCK_VERSION, "encoders": {k: records[k] for k in sorted(records)}},
                           sort_keys=True, default_flow_style=False)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(LOCK_HEADER + body)
-    tmp.replace(path)
+    write_text_atomic(path, LOCK_HEADER + body)
 
 
 def lock_state(entry: dict, record: dict | None) -> str:
@@ -257,6 +255,5 @@ def download(url: str, dest: Path) -> None:
         ctype = resp.headers.get("Content-Type", "")
         if ctype.startswith("text/html"):
             raise LockError(f"{url} returned an HTML page, not a weight file: download it by hand to {dest}")
-        with tempfile.NamedTemporaryFile(dir=dest.parent, delete=False) as tmp:
-            shutil.copyfileobj(resp, tmp)
-    Path(tmp.name).replace(dest)
+        with atomic_path(dest) as tmp, open(tmp, "wb") as fh:
+            shutil.copyfileobj(resp, fh)

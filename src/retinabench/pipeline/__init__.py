@@ -6,6 +6,7 @@
 * one module per ``workflow/rules/*.smk`` file holding that file's stages: ``data``, ``features``, ``probes``,
   ``finetune``, ``reliability``, ``analysis``, ``saliency``, ``compute``;
 * :mod:`~retinabench.pipeline.plan` — the torch-free planner: every layer's targets, paths and settings.
+* :mod:`~retinabench.pipeline.run_lock` — one writer per results folder (the Snakefile's onstart takes it).
 """
 import os
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from retinabench.atomic import write_text_atomic
 from retinabench.pipeline.job import Job, write_artifact, write_outputs
 from retinabench.pipeline.registry import stage
 from retinabench.schemas import read_table
@@ -111,10 +112,7 @@ def stage_sweep_choose(job: Job) -> None:
     rec = chosen_record(job.wildcards["encoder"], job.params["task"], pd.read_parquet(job.input["stage1"]),
                         pd.read_parquet(job.input["stage2"]))
     out = Path(job.output["chosen"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1, sort_keys=True, default=float))
-    tmp.replace(out)
+    write_text_atomic(out, json.dumps(rec, indent=1, sort_keys=True, default=float))
     _log(f"{rec['encoder']}: lr_classifier {rec['lr_classifier']:g}, lr_encoder {rec['lr_encoder']:g} "
          f"({rec['criterion']})")
     write_outputs(job, written=[str(out)], config={"criterion": rec["criterion"]},

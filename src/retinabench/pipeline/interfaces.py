@@ -72,17 +72,11 @@ def stage_interface_tables(job: Job) -> None:
 def stage_tiny_model(job: Job) -> None:
     """One tiny random model of retinabench.testing.tiny_models (seeded: the same files, hence the same sha256
     pins, on every build) into the folder the demo registry's entry names as its weights_path."""
-    import shutil
-    import tempfile
-
+    from retinabench.atomic import atomic_folder
     from retinabench.testing.tiny_models import BUILDERS
     spec = job.params["build"]
     out = Path(job.output["folder"])
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        built = Path(tmp) / out.name
+    with atomic_folder(out) as built:  # a folder of this writer's own beside `out`, renamed when complete
         BUILDERS[spec["builder"]](built, seed=spec["seed"])
-        if out.exists():
-            shutil.rmtree(out)
-        built.rename(out)
     files = sorted(f.name for f in out.iterdir())
     print(f"tiny_model {job.wildcards.get('name')}: {spec} -> {out} ({len(files)} files: {files})")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from retinabench.atomic import atomic_write, temp_files
 from retinabench.progress import hms
 from retinabench.provenance import sidecar_path, write_sidecar
 
@@ -50,18 +51,6 @@ class Job:
         return out
 
 
-def _atomic(path: Path, write) -> None:
-    """``write(tmp)`` then rename over ``path``: a killed job never leaves a half-written file under the final name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_artifact(value: Any, path: str | Path, kind: str | None = None) -> str:
     """One artifact, atomically: a DataFrame as Parquet (checked against the ``kind`` schema of
     retinabench.schemas when given; ``metrics_part``: only its metrics columns are) or CSV (by suffix), a dict or
@@ -69,20 +58,20 @@ def write_artifact(value: Any, path: str | Path, kind: str | None = None) -> str
     path = Path(path)
     if isinstance(value, pd.DataFrame):
         if path.suffix == ".csv":
-            _atomic(path, lambda tmp: value.to_csv(tmp, index=False))
+            atomic_write(path, lambda tmp: value.to_csv(tmp, index=False))
         elif kind == "metrics_part":
             from retinabench.schemas import METRICS, conform
             conform(value[METRICS.names], "metrics", where=str(path))
-            _atomic(path, lambda tmp: value.to_parquet(tmp, index=False))
+            atomic_write(path, lambda tmp: value.to_parquet(tmp, index=False))
         elif kind:
             from retinabench.schemas import write_table
             write_table(value, path, kind)  # atomic, schema-checked
         else:
-            _atomic(path, lambda tmp: value.to_parquet(tmp, index=False))
+            atomic_write(path, lambda tmp: value.to_parquet(tmp, index=False))
     elif isinstance(value, (dict, list)):
-        _atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=1, sort_keys=True, default=float)))
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(value, indent=1, sort_keys=True, default=float)))
     elif isinstance(value, str):
-        _atomic(path, lambda tmp: tmp.write_text(value))
+        atomic_write(path, lambda tmp: tmp.write_text(value))
     else:
         raise TypeError(f"write_artifact: cannot write a {type(value).__name__} to {path}")
     return str(path)
@@ -106,14 +95,27 @@ def write_outputs(job: Job, artifacts: dict[str, Any] | None = None, *, kinds: d
     return paths
 
 
-def remove_leftovers(job: Job) -> None:
-    """Sidecars and temporary files of the job's outputs. Snakemake deletes the outputs themselves before a job
-    runs and after it fails, but not these: a sidecar left beside a deleted output would describe a file that
-    no longer exists (or a later, different one)."""
-    for out in job.output.values():
-        for path in (sidecar_path(out), Path(str(sidecar_path(out)) + ".tmp"), Path(str(out) + ".tmp")):
-            if path.is_file():
-                path.unlink()
+def remove_leftovers(job: Job) -> list[str]:
+    """Sidecars and temporary files of the job's outputs, before the job runs and when it fails. Snakemake deletes
+    the outputs themselves before a job runs and after it fails, but not these: a sidecar left beside a deleted
+    output would describe a file that no longer exists (or a later, different one).
+
+    Temporary files (retinabench.atomic: ``<output>.<host>.<pid>.<random>.tmp``) are removed when this process
+    wrote them or their writer is gone (this host, pid no longer running: a killed earlier attempt); any other
+    writer's (alive here, or on another host, where nothing tells whether it still writes) is left and named.
+    Returns the lines naming what was left."""
+    left = []
+    for out in map(Path, job.outputs_flat()):
+        sidecar_path(out).unlink(missing_ok=True)
+        for tmp in temp_files(out) + temp_files(sidecar_path(out)):
+            if tmp.mine() or tmp.writer_gone():
+                tmp.remove()
+            else:
+                left.append(f"rule {job.rule}: left {tmp.path}: another writer's temporary file ({tmp.writer()}); "
+                            f"remove it by hand once that writer has stopped")
+    for line in left:
+        print(line, file=sys.stderr, flush=True)
+    return left
 
 
 def announce(text: str) -> None:

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader
 from retinabench.data.image_dataset import CachedImageDataset, SequentialBatchSampler, StreamBatchSampler, worker_init
 from retinabench.data.splits import regime_rows
 from retinabench.features.extract import pick_device
+from retinabench.atomic import atomic_path, write_text_atomic
 from retinabench.hashing import sha256_file
 from retinabench.protocols.augment import augment_batch, build_train_transform
 from retinabench.protocols.common import class_weights, make_scheduler, predictions_frame
@@ -259,15 +260,10 @@ def _ckpt_files(ckpt_dir: Path) -> list[Path]:
 def _save_verified(path: Path, obj: Any) -> Path:
     """``torch.save`` to a temporary name, renamed, then a ``.sha256`` sidecar (also written atomically): whoever
     finds the sidecar finds the complete file it describes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    digest = sha256_file(tmp)
-    tmp.replace(path)
-    side = path.with_name(path.name + ".sha256")
-    side_tmp = side.with_name(side.name + ".tmp")
-    side_tmp.write_text(f"{digest}  {path.name}\n")
-    side_tmp.replace(side)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+        digest = sha256_file(tmp)
+    write_text_atomic(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n")
     return path
 
 

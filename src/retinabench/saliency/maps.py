@@ -124,11 +124,10 @@ def write_maps(path: str | os.PathLike, maps: dict) -> str:
     missing = [k for k in MAP_KEYS if k not in maps]
     if missing:
         raise KeyError(f"saliency maps lack {missing}")
+    from retinabench.atomic import atomic_path
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.stem + ".tmp.npz")
-    np.savez_compressed(tmp, **{k: maps[k] for k in MAP_KEYS})
-    tmp.replace(p)
+    with atomic_path(p) as tmp, open(tmp, "wb") as fh:  # a file object: numpy appends no second .npz
+        np.savez_compressed(fh, **{k: maps[k] for k in MAP_KEYS})
     return str(p)
 
 

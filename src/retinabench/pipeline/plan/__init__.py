@@ -111,8 +111,9 @@ class WorkflowPlan(CorePlan):
         """What the main process checks before any job runs, all problems listed at once (ConfigError): raw changes
         first (a dataset whose raw data changed is rebuilt, not checked), then fractions, unpinned encoders,
         devices, class placement and knn.k on built manifests; saliency and compute settings. Remote jobs re-read
-        the Snakefile and skip this."""
-        if not main_process:
+        the Snakefile and skip this. A lock on the results folder is announced here (a dry run goes on), and
+        `snakemake --unlock` removes it (retinabench.pipeline.run_lock)."""
+        if not main_process or self.run_lock.at_parse(sys.argv):  # `snakemake --unlock`: nothing else to check
             return
         for dataset in self.raw_states:
             self.raw_fingerprint(dataset, main_process=True)
@@ -133,6 +134,17 @@ class WorkflowPlan(CorePlan):
         compute = self.compute.problems()
         if compute:
             raise ConfigError([f"compute: {p}" for p in compute])
+
+    def take_run_lock(self, *, enabled: bool) -> None:
+        """The Snakefile's onstart: the results folder's run lock (RunLockError naming its holder when another run
+        has it). ``enabled`` False (``--nolock``) skips it, as Snakemake skips its own lock."""
+        if not enabled:
+            print(f"retinabench: --nolock: the results folder {self.run_lock.results} is not locked; another run "
+                  f"on it may delete or overwrite this run's outputs", file=sys.stderr)
+            return
+        self.run_lock.acquire()
+        print(f"retinabench: locked the results folder {self.run_lock.results} for this run ({self.run_lock.path}, "
+              f"removed when the run ends)", file=sys.stderr)
 
 
 __all__ = ["AnalysisPlan", "ComputePlan", "CorePlan", "FinetunePlan", "ReliabilityPlan", "SaliencyPlan",

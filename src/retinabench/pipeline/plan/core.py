@@ -8,8 +8,9 @@ import sys
 
 from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.pipeline.plan.code import rule_code_hash
+from retinabench.pipeline.run_lock import RunLock
 from retinabench.settings import PHANTOM_DEFAULTS, images_settings
-from retinabench.workflow_plan import dataset_tasks, plan
+from retinabench.workflow_plan import GENERATED_FOLDER, dataset_tasks, plan
 
 
 def alternatives(names) -> str:
@@ -50,13 +51,15 @@ class CorePlan:
         self.cache_tag = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
         self.generated_roots = {d["root"]: name for name, d in self.reg.datasets.items() if d.get("generated")}
         self.local = intended_executor() in (None, "local", "dryrun")
+        self.run_lock = RunLock(self.R)  # one writer per results folder (Snakefile onstart / onsuccess / onerror)
 
     alternatives_of = staticmethod(alternatives)
 
     @property
     def phantom_metadata(self) -> str:
-        """The generated phantom's metadata file, wildcard ``generated_root``."""
-        return os.path.join(self.selection.data_root, "{generated_root}", "metadata.csv")
+        """The generated phantom's metadata file, wildcard ``generated_root``: under the results folder
+        (``<results>/raw/<root>``, :meth:`~retinabench.workflow_plan.Plan.dataset_root`), never under data_root."""
+        return os.path.join(self.R, GENERATED_FOLDER, "{generated_root}", "metadata.csv")
 
     # -- code, resources -----------------------------------------------------------------------------------
     @staticmethod

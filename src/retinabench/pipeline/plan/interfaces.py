@@ -129,8 +129,9 @@ class InterfacesPlan:
             want = self.tiny_model_folder().format(name=name)
             got = self.core.reg.encoder(name).get("weights_path")
             if got != want:
-                out.append(f"encoder {name!r}: a tiny_model entry must have weights_path {want!r} (rule tiny_model "
-                           f"builds it there), not {got!r}")
+                out.append(f"encoder {name!r}: a tiny_model entry must have weights_path "
+                           f"'{{results}}/tiny_models/{name}' (rule tiny_model builds it in the results folder: "
+                           f"{want!r}), not {got!r}")
         return out
 
     def print_notes(self) -> None:
