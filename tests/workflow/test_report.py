@@ -96,8 +96,8 @@ def test_every_caption_file_is_used_by_a_rule():
 
 
 @pytest.fixture(scope="module")
-def report_html(work_copy, run_snakemake):
-    run_snakemake(work_copy, "--report", "report.html")
+def report_html(work_copy, report_builder):
+    report_builder(work_copy, "report.html")  # as `make report` builds it: retinabench report
     return work_copy / "report.html"
 
 
