@@ -87,9 +87,10 @@ def unescaped_inline_data(html: str) -> list[str]:
             if any(ch in html[start:end] for ch in SCRIPT_ESCAPES)]
 
 
-def build_report(report: str | os.PathLike, snakemake_args: list[str] = ()) -> Path:
-    """Run ``snakemake --report`` (with ``snakemake_args``, in the current folder) into a temporary folder, escape
-    the report's inline data and write it to ``report``, atomically. Returns the report's path."""
+def build_report(report: str | os.PathLike, snakemake_args: list[str] = (), *,
+                 workdir: str | os.PathLike | None = None) -> Path:
+    """Run ``snakemake --report`` (with ``snakemake_args``, in ``workdir``, default the current folder) into a
+    temporary folder, escape the report's inline data and write it to ``report``, atomically. Returns its path."""
     from retinabench.pipeline.job import write_artifact
     report = Path(report)
     if report.suffix != ".html":
@@ -100,7 +101,7 @@ def build_report(report: str | os.PathLike, snakemake_args: list[str] = ()) -> P
         conf.write_text("[general]\n" + "".join(f"{k}: {v}\n" for k, v in DOCUTILS_SETTINGS.items()))
         raw = Path(tmp) / "report.html"
         cmd = [sys.executable, "-m", "snakemake", *snakemake_args, "--report", str(raw)]
-        proc = subprocess.run(cmd, env=dict(os.environ, DOCUTILSCONFIG=str(conf)))  # its log goes to the console
+        proc = subprocess.run(cmd, cwd=workdir, env=dict(os.environ, DOCUTILSCONFIG=str(conf)))  # log: console
         if proc.returncode != 0 or not raw.is_file():
             raise ReportBuildError(f"{' '.join(cmd)} failed ({proc.returncode}); its log is above")
         write_artifact(escape_inline_data(raw.read_text()), report)
