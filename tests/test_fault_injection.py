@@ -38,8 +38,8 @@ def _snakemake_report(params: dict) -> str:
 
 
 def _inline(html: str, element: str):
-    from retinabench.report_build import _data_blocks
-    start, end = next((s, e) for el, s, e in _data_blocks(html) if el == element)
+    from retinabench.report_build import inline_data_blocks
+    start, end = next((s, e) for el, s, e in inline_data_blocks(html) if el == element)
     return html[start:end]
 
 

@@ -24,8 +24,8 @@ def template(values: dict) -> str:
 
 
 def blocks(html: str) -> dict:
-    from retinabench.report_build import _data_blocks
-    return {el: json.loads(html[s:e]) for el, s, e in _data_blocks(html)}
+    from retinabench.report_build import inline_data_blocks
+    return {el: json.loads(html[s:e]) for el, s, e in inline_data_blocks(html)}
 
 
 def test_a_string_that_looks_like_the_end_of_a_block_stays_inside_it():

@@ -15,9 +15,9 @@ Registry text reaches the report in two ways, and each is escaped for its contex
   settings (:data:`DOCUTILS_SETTINGS`) that refuse raw HTML and file inclusion and stop at the first warning, so no
   interpolated value can add markup to a caption without the build failing on it.
 
-Snakemake's own ``--report`` cannot be given either (it always uses its built-in template and docutils' defaults),
-so this wraps it: Snakemake writes the report into a temporary folder, the escaped report is written atomically to
-FILE. ``retinabench.report_check`` refuses a report whose inline data is not escaped.
+Neither can be asked of ``snakemake --report`` (it always renders its built-in template, and docutils with its
+defaults), so this wraps it: Snakemake writes the report into a temporary folder, the escaped report is written
+atomically to FILE. ``retinabench.report_check`` refuses a report whose inline data is not escaped.
 
     retinabench report results/report.html --profile profiles/local [other snakemake arguments]
 """
@@ -50,7 +50,7 @@ class ReportBuildError(RuntimeError):
 _CLOSING = re.compile(r"\s*;\s*</script>")
 
 
-def _data_blocks(html: str):
+def inline_data_blocks(html: str):
     """(element id, start, end) of the JSON value of every data script, in order (see the module docstring)."""
     decoder = json.JSONDecoder()
     pos = 0
@@ -74,7 +74,7 @@ def escape_inline_data(html: str) -> str:
     """``html`` with every character of :data:`SCRIPT_ESCAPES` in the report's inline data escaped."""
     pattern = re.compile("|".join(map(re.escape, SCRIPT_ESCAPES)))
     out, last = [], 0
-    for _, start, end in _data_blocks(html):
+    for _, start, end in inline_data_blocks(html):
         out += [html[last:start], pattern.sub(lambda m: SCRIPT_ESCAPES[m.group()], html[start:end])]
         last = end
     return "".join(out + [html[last:]])
@@ -83,7 +83,7 @@ def escape_inline_data(html: str) -> str:
 def unescaped_inline_data(html: str) -> list[str]:
     """Ids of the data scripts that hold a character of :data:`SCRIPT_ESCAPES` as it is (empty: the report is safe
     to open)."""
-    return [element for element, start, end in _data_blocks(html)
+    return [element for element, start, end in inline_data_blocks(html)
             if any(ch in html[start:end] for ch in SCRIPT_ESCAPES)]
 
 
