@@ -1,7 +1,8 @@
 # make demo: set up .venv and run the default pipeline on the embedded phantom dataset.
 # make test: set up .venv and run the test suite (what CI runs).
-# make report: the HTML report of the finished default run (results/report.html), then opened in headless Chromium
-#   to check that every section renders its figures (needs the Debian packages chromium and chromium-driver).
+# make report: the HTML report of the finished default run (results/report.html; `retinabench report` runs
+#   snakemake --report and escapes the report's inline data: docs/report.md), then opened in headless Chromium to check
+#   that every section renders its figures (needs the Debian packages chromium and chromium-driver).
 # make lint: ruff, snakefmt --check, envs/ against requirements.lock, snakemake --lint (CI runs it before the tests).
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -22,7 +23,7 @@ demo: $(STAMP)
 	@echo "results: results/metrics.parquet, results/analysis/rank_summary.csv, results/figures/"
 
 report: $(STAMP)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/snakemake --profile profiles/local --report results/report.html
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m retinabench report results/report.html --profile profiles/local
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m retinabench.report_check results/report.html
 	@echo "report: results/report.html"
 

@@ -1,5 +1,6 @@
 """Command line: ``retinabench provenance FILE``, ``verify [DATASET]``, ``encoders``, ``tasks``,
-``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``.
+``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``,
+``report FILE [snakemake arguments]`` (the HTML report, escaped: retinabench.report_build).
 The pipeline itself runs through Snakemake (see README)."""
 from __future__ import annotations
 
@@ -269,6 +270,16 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from retinabench.report_build import ReportBuildError, build_report
+    try:
+        print(f"report: {build_report(args.report, args.snakemake_args)}")
+    except ReportBuildError as err:
+        print(f"retinabench report: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="retinabench", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -320,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", help="task registry YAML with the predictions' tasks (default: the config's)")
     p.add_argument("--configfile", action="append")
     p.set_defaults(fn=cmd_evaluate)
+    p = sub.add_parser("report", help="the Snakemake HTML report with every string escaped for its context "
+                                      "(retinabench.report_build)")
+    p.add_argument("report", help="the report to write, e.g. results/report.html")
+    p.add_argument("snakemake_args", nargs=argparse.REMAINDER,
+                   help="passed to snakemake, e.g. --profile profiles/local --configfile F")
+    p.set_defaults(fn=cmd_report)
     args = parser.parse_args(argv)
     from retinabench.integrity import ArtifactChanged
     try:

@@ -24,13 +24,10 @@ prompt-variant sensitivity table (retinabench.analysis.prompts.prompt_sensitivit
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import string
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -51,23 +48,18 @@ class PromptLeakError(PromptError):
 
 
 # --- the registry ---------------------------------------------------------------------------------------------
-@cache
-def _schema() -> dict:
-    return json.loads(resources.files("retinabench").joinpath("schemas_json", "prompts.schema.json").read_text())
-
-
 def load_prompts(path: str | os.PathLike) -> PromptRegistry:
-    """Load and validate a prompt registry file."""
-    import jsonschema
+    """Load and validate a prompt registry file (schemas_json/prompts.schema.json; set names are ids)."""
+    from retinabench.registry import schema_message, schema_validator
     path = Path(path)
     if not path.is_file():
         raise PromptError(f"prompt registry {path} does not exist")
     data = yaml.safe_load(path.read_text()) or {}
-    errors = sorted(jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: list(map(str, e.path)))
+    errors = sorted(schema_validator("prompts").iter_errors(data), key=lambda e: list(map(str, e.path)))
     if errors:
         err = errors[0]
         loc = "/".join(str(p) for p in err.path) or "(top level)"
-        raise PromptError(f"{path}: key {loc}: {err.message}")
+        raise PromptError(f"{path}: key {loc}: {schema_message(err)}")
     reg = PromptRegistry(data, path)
     for interface in INTERFACES:
         default = data["defaults"].get(interface)

@@ -27,6 +27,33 @@ def _schema(kind: str) -> dict:
     return json.loads(text)
 
 
+ID_SCHEMA = "id"  # schemas_json/id.schema.json: the one home of the id pattern (registry names, prompt sets, variants)
+
+
+@cache
+def schema_validator(name: str) -> jsonschema.Draft202012Validator:
+    """Validator of ``schemas_json/<name>.schema.json``; its ``$ref`` to ``id.schema.json`` resolves to the id schema."""
+    from referencing import Registry, Resource
+    ids = Resource.from_contents(_schema(ID_SCHEMA))
+    return jsonschema.Draft202012Validator(_schema(name), registry=Registry().with_resource(ids.id(), ids))
+
+
+def schema_message(err: jsonschema.ValidationError) -> str:
+    """The validator's message, with the rule spelled out where an id breaks the id schema."""
+    ids = _schema(ID_SCHEMA)
+    if isinstance(err.schema, dict) and err.schema.get("$id") == ids["$id"]:
+        return f"{err.instance!r} is not a valid id: {ids['description']} (pattern {ids['pattern']})"
+    return err.message
+
+
+def check_id(name, where: str) -> str:
+    """``name`` as a str when it is a valid id, else a RegistryError naming ``where`` and the rule."""
+    errors = list(schema_validator(ID_SCHEMA).iter_errors(name))
+    if errors:
+        raise RegistryError(f"{where}: {schema_message(errors[0])}; rename it")  # names the file and the key
+    return name
+
+
 def _canonical(value):
     if isinstance(value, dict):
         return {k: _canonical(value[k]) for k in sorted(value)}
@@ -45,15 +72,16 @@ def load_registry(path: str | os.PathLike, kind: str) -> dict[str, dict[str, Any
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise RegistryError(f"{path}: a {kind} registry must be a mapping of name -> entry")
-    validator = jsonschema.Draft202012Validator(_schema(kind))
+    validator = schema_validator(kind)
     out = {}
     for name, entry in data.items():
+        check_id(str(name), f"{path}: {kind} registry")  # str: YAML reads a bare 2019 as an int
         # Errors at a key first (they name it), then whole-entry rules (e.g. no weights source).
         errors = sorted(validator.iter_errors(entry or {}), key=lambda e: (not e.path, [str(p) for p in e.path]))
         if errors:
             err = errors[0]
             loc = "/".join(str(p) for p in err.path) or "(entry)"
-            raise RegistryError(f"{path}: {kind} entry {name!r}, key {loc}: {err.message}")
+            raise RegistryError(f"{path}: {kind} entry {name!r}, key {loc}: {schema_message(err)}")
         # Canonical key order: entries travel as Snakemake params, so reformatting a YAML file (key order) must not
         # look like a changed entry and rerun everything.
         out[str(name)] = _canonical({"name": str(name), **entry})

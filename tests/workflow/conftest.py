@@ -26,13 +26,26 @@ def copy_workflow(dest: Path, overrides: dict) -> Path:
     return dest
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+SNAKEMAKE_ARGS = ("--profile", "profiles/local", "--cores", "2", "--configfile", "config/tiny.yaml")
+
+
+def _run(workdir: Path, cmd: list[str], what: str, check: bool) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    cmd = [SNAKEMAKE, "--profile", "profiles/local", "--cores", "2", "--configfile", "config/tiny.yaml", *args]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env, timeout=900)
     if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"{what} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
     return proc
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(workdir, [SNAKEMAKE, *SNAKEMAKE_ARGS, *args], f"snakemake {' '.join(args)}", check)
+
+
+def build_report(workdir: Path, report: str | Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`retinabench report REPORT` (snakemake --report, escaped: retinabench.report_build) in a workflow copy, with
+    the arguments of :func:`snakemake` and ``args`` (a flag before any target: --configfile takes several files)."""
+    cmd = [sys.executable, "-m", "retinabench", "report", str(report), *SNAKEMAKE_ARGS, *args]
+    return _run(workdir, cmd, f"retinabench report {report} {' '.join(args)}", check)
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +85,13 @@ def prompted_demo(tmp_path_factory) -> dict:
 def run_snakemake():
     """The `snakemake(workdir, *args, check=True)` helper, for tests that run the workflow themselves."""
     return snakemake
+
+
+@pytest.fixture(scope="session")
+def report_builder():
+    """The `build_report(workdir, report, *args, check=True)` helper: the HTML report the way `make report` builds
+    it."""
+    return build_report
 
 
 @pytest.fixture(scope="session")

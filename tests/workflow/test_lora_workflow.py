@@ -12,9 +12,9 @@ ENTRY, SOURCE, OOD = "tiny_qwen2_vl", "phantom_cfp_glaucoma", "phantom_siteb_cfp
 
 
 @pytest.fixture(scope="module")
-def demo(prompted_demo, run_snakemake):
+def demo(prompted_demo, run_snakemake, report_builder):
     """The shared run of config/interfaces_demo.yaml + config/mllm_demo.yaml (tests/workflow/conftest.py)."""
-    return {**prompted_demo, "run": run_snakemake}
+    return {**prompted_demo, "run": run_snakemake, "report": report_builder}
 
 
 def test_the_demo_trains_infers_and_compares_and_nothing_else(demo):
@@ -107,6 +107,6 @@ def test_every_delta_traces_back_to_the_adapter_and_the_base_predictions(demo, m
 
 def test_the_report_has_a_lora_section_with_table5(demo):
     report = demo["R"] / "report.html"
-    demo["run"](demo["work"], "--report", str(report), "interfaces", "lora")
+    demo["report"](demo["work"], report, "--keep-going", "interfaces", "lora")
     html = report.read_text(errors="replace")
     assert "9. LoRA fine-tuning of MLLMs" in html and "table5.png" in html and "table5.csv" in html

@@ -96,8 +96,8 @@ def test_every_caption_file_is_used_by_a_rule():
 
 
 @pytest.fixture(scope="module")
-def report_html(work_copy, run_snakemake):
-    run_snakemake(work_copy, "--report", "report.html")
+def report_html(work_copy, report_builder):
+    report_builder(work_copy, "report.html")  # as `make report` builds it: retinabench report
     return work_copy / "report.html"
 
 
@@ -130,15 +130,20 @@ def test_report_holds_every_figure_with_its_caption(work_copy, report_html):
     assert "results/analysis/baselines.csv" in categories["1. Ranking"]["Tables"]
 
 
-def test_report_renders_every_section_in_a_browser(report_html, tmp_path):
-    """The report as a collaborator opens it: headless Chromium, every section's figures decoded and shown."""
-    from retinabench.report_check import BrowserMissing, check_report, find_browser
+def require_browser():
+    from retinabench.report_check import BrowserMissing, find_browser
     try:
         find_browser()
     except BrowserMissing as err:
         if os.environ.get("CI"):
             pytest.fail(f"{err}; .ci/run installs them")
         pytest.skip(str(err))
+
+
+def test_report_renders_every_section_in_a_browser(report_html, tmp_path):
+    """The report as a collaborator opens it: headless Chromium, every section's figures decoded and shown."""
+    from retinabench.report_check import check_report
+    require_browser()
     html = report_html.read_text()
     categories, results = report_json(html, "categories"), report_json(html, "results")
     check = check_report(report_html, screenshots=tmp_path / "shots")
@@ -154,6 +159,46 @@ def test_report_renders_every_section_in_a_browser(report_html, tmp_path):
     assert sum(len(v) for v in check.sections.values()) == len(results)
     assert len(list((tmp_path / "shots").glob("*.png"))) == sum(
         i["mime"].startswith("image/") for v in check.sections.values() for i in v)
+
+
+# Issue 23, fault 5 (tests/test_fault_injection.py holds its fast tests): a script in a registry's free text.
+SCRIPT = "</script><script>document.title='pwned';window.pwned=1</script>"
+
+
+def test_fault5_registry_text_cannot_script_the_report(work_copy, tmp_path, run_snakemake, report_builder):
+    """The tiny run's report, rebuilt after its task registry's descriptions and notes (and its dataset registry's
+    descriptions) became a script: a bare `snakemake --report` runs it (the fault); `retinabench report` escapes
+    it, nothing runs, and the reader sees the text in the baselines' job parameters."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    from retinabench.report_build import unescaped_inline_data
+    from retinabench.report_check import _READY, open_report
+    require_browser()
+    work = edited_copy(work_copy, tmp_path)
+    p = plan(run_config(work))
+    for registry, names, fields in (("tasks", p.tasks, ("description", "note")), ("datasets", p.datasets,
+                                                                                  ("description",))):
+        path = work / f"config/{registry}.yaml"
+        entries = yaml.safe_load(path.read_text())
+        for name in names:
+            entries[name].update(dict.fromkeys(fields, SCRIPT))
+        path.write_text(yaml.safe_dump(entries))
+    run_snakemake(work, "--report", "bare.html")  # the report is built from the registries as they are now
+    report_builder(work, "report.html")
+    bare, html = (work / "bare.html").read_text(), (work / "report.html").read_text()
+    assert SCRIPT in bare and "results" in unescaped_inline_data(bare)  # the task entries are job parameters
+    assert SCRIPT not in html and unescaped_inline_data(html) == []
+    with open_report(work / "bare.html") as browser:  # the fault: the description runs as script
+        WebDriverWait(browser, 30).until(lambda d: d.title == "pwned")
+        assert browser.execute_script("return window.pwned") == 1
+    baselines = "results/analysis/baselines.csv"
+    with open_report(work / "report.html") as browser:
+        WebDriverWait(browser, 60).until(lambda d: d.execute_script(_READY))
+        browser.execute_script("app.showResultInfo(arguments[0]);", baselines)
+        WebDriverWait(browser, 30).until(lambda d: "job parameters" in d.find_element("id", "app").text.lower())
+        shown = browser.find_element("id", "app").text  # the text a reader sees
+        assert shown.count(SCRIPT) == 2 * len(p.tasks), shown[-3000:]  # each task's description and note, as written
+        assert browser.title == "Snakemake Report" and browser.execute_script("return window.pwned") is None
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]  # the report's data loaded
 
 
 def test_finished_run_plans_nothing(work_copy, run_snakemake):
