@@ -2,7 +2,7 @@
 workflow run twice from scratch in two fresh copies, once as it runs for users and once with
 RETINABENCH_SKIP_INPUT_VERIFICATION=1 (the baseline; each job's log then says its inputs were used unverified).
 
-Also sums what the jobs themselves report (`[done] ...; N input(s) verified in X s`): the time spent hashing inputs
+Also sums what the jobs themselves report (`[done] ... (12.3 s; N input(s) verified in X s)`): the time spent hashing inputs
 before a job starts. Each file is hashed once per job (memoised), and the sidecars written afterwards reuse the
 digests, so most of that time is moved rather than added. Goal: ratio <= 1.05.
 
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-_VERIFIED = re.compile(r"; (\d+) input\(s\) verified in ([0-9.]+) s$")
-_DONE = re.compile(r"\((\d+(?:\.\d+)?) s\)")
+_VERIFIED = re.compile(r"; (\d+) input\(s\) verified in ([0-9.]+) s\)$")
+_DONE = re.compile(r"\((\d+(?:\.\d+)?) s[;)]")
 
 
 def copy_workflow(dest: Path, configfile: Path) -> Path:

@@ -46,8 +46,8 @@ def run_stage(rule: str, job: Job) -> None:
         remove_leftovers(job)
         raise
     # The log's last line (stdout is the job's log inside Snakemake): what was written, how much, how long.
-    print(job_summary(job.rule, job.wildcards, job.outputs_flat(), time.perf_counter() - start) + f"; {verified}",
-          flush=True)
+    summary = job_summary(job.rule, job.wildcards, job.outputs_flat(), time.perf_counter() - start)
+    print(f"{summary[:-1]}; {verified})", flush=True)  # ... in 0:00:12 (12.3 s; 4 input(s) verified in 0.010 s)
 
 
 __all__ = ["STAGES", "Job", "run_stage", "stage", "write_outputs"]
