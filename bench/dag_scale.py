@@ -30,7 +30,7 @@ def fake_lock(work: Path, config_file: str) -> None:
     """A lock file beside the config's encoder registry recording placeholder pins for every selected encoder."""
     import yaml
     sys.path.insert(0, str(work / "src"))
-    from retinabench.models.lock import lock_name, needs_lock, pins_of, write_lock
+    from retinabench.registry.lockfile import lock_name, needs_lock, pins_of, write_lock
     from retinabench.registry import load_registry
     config = yaml.safe_load((work / "config/config.yaml").read_text())
     config.update(yaml.safe_load((work / config_file).read_text()))

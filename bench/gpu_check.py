@@ -30,7 +30,7 @@ from common import make_cache  # noqa: E402
 from retinabench.data.image_cache import open_image_cache  # noqa: E402
 from retinabench.features.extract import extract_features, prepare_module, to_model_input  # noqa: E402
 from retinabench.models import build_encoder  # noqa: E402
-from retinabench.models.sizes import H100_GB, SIZE_CLASSES  # noqa: E402
+from retinabench.registry.sizes import H100_GB, SIZE_CLASSES  # noqa: E402
 
 BASE = {"source": "timm", "init": "random", "normalization": "imagenet", "domain": "none",
         "method": "random initialisation"}

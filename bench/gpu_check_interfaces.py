@@ -32,12 +32,11 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "bench"))
 
 from common import gpu_check_device, gpu_check_parser, write_gpu_check, interleaved_times  # noqa: E402
-from retinabench.models.loaders import hf_config  # noqa: E402
+from retinabench.models import hf_config, load_dual_encoder, load_mllm  # noqa: E402
 from retinabench.prompts import load_prompts  # noqa: E402
-from retinabench.protocols.mllm import (_batch_inputs, generate_answers, greedy_config, load_mllm,  # noqa: E402
-                                        parse_yes_no, yes_no_scores)
-from retinabench.protocols.zeroshot import (class_embeddings, embed_images, focus_proba, load_dual_encoder,  # noqa: E402
-                                            native_proba)
+from retinabench.protocols.mllm import (_batch_inputs, generate_answers, greedy_config, parse_yes_no,  # noqa: E402
+                                        yes_no_scores)
+from retinabench.protocols.zeroshot import class_embeddings, embed_images, focus_proba, native_proba  # noqa: E402
 from retinabench.registry import load_registry  # noqa: E402
 from retinabench.testing.tiny_models import SPECIAL, WORDS, filler_words, tiny_tokenizer  # noqa: E402
 

@@ -30,9 +30,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from common import gpu_check_device, gpu_check_parser, write_gpu_check  # noqa: E402
 from gpu_check_interfaces import TASK, _peak_gb, _reset_peak, _sync, build_qwen3_vl  # noqa: E402
 from retinabench.prompts import load_prompts  # noqa: E402
-from retinabench.protocols.lora import (LoraSettings, SFTExample, load_adapter, train_lora,  # noqa: E402
-                                        write_adapter_sidecar)
-from retinabench.protocols.mllm import generate_answers, load_mllm  # noqa: E402
+from retinabench.models import load_adapter, load_mllm, write_adapter_sidecar  # noqa: E402
+from retinabench.protocols.lora import LoraSettings, SFTExample, train_lora  # noqa: E402
+from retinabench.protocols.mllm import generate_answers  # noqa: E402
 from retinabench.registry import load_registry  # noqa: E402
 
 

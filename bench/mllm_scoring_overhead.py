@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved_times, set_threads  # noqa: E402
 
 from retinabench.prompts import load_prompts  # noqa: E402
-from retinabench.protocols.mllm import generate_answers, load_mllm, parse_yes_no  # noqa: E402
+from retinabench.models import load_mllm  # noqa: E402
+from retinabench.protocols.mllm import generate_answers, parse_yes_no  # noqa: E402
 from retinabench.testing.tiny_models import build_tiny_llava  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

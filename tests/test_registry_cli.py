@@ -10,7 +10,7 @@ from retinabench.registry import RegistryError, load_registry
 def test_shipped_registries_validate(registries):
     assert {"phantom", "tvhl"} <= set(registries.datasets)
     assert registries.task("tvhl_cfp_dr3")["classes"] == ["none", "npdr", "pdr"]
-    from retinabench.models.lock import weights_origin
+    from retinabench.registry.lockfile import weights_origin
     for name, enc in registries.encoders.items():
         origin = weights_origin(enc)  # every pretrained entry says where its weights come from
         assert (origin == "none") == (enc.get("init") == "random"), name

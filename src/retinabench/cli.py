@@ -57,7 +57,7 @@ def cmd_provenance(args) -> int:
 
 
 def cmd_encoders(args) -> int:
-    from retinabench.models.lock import lock_state
+    from retinabench.registry.lockfile import lock_state
     reg = _registries(args)
     rows = [{"name": n, "source": e["source"], "domain": e["domain"], "method": e["method"],
              "params_m": e.get("params_m", ""), "size_class": e["size_class"], "pooling": e.get("pooling", "-"),
@@ -204,7 +204,8 @@ def cmd_verify(args) -> int:
 
 def cmd_lock_encoders(args) -> int:
     """Resolve and hash every file the named (default: all) hub / url / manual entries load; write the lock."""
-    from retinabench.models.lock import LockError, lock_entry, lock_name, needs_lock, read_lock, write_lock
+    from retinabench.models.lock import lock_entry
+    from retinabench.registry.lockfile import LockError, lock_name, needs_lock, read_lock, write_lock
     reg = _registries(args)
     names = args.names or [n for n, e in reg.encoders.items() if needs_lock(e) and "variant_of" not in e]
     entries = [reg.encoder(n) for n in names]

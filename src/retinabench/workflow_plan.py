@@ -175,8 +175,8 @@ def device_problems(value: str, where: str, *, local: bool, gpus_per_job: int = 
 
 
 def unpinned_encoders(registries: Registries, names: list[str]) -> list[str]:
-    """Selected encoders whose weights the lock file does not pin (retinabench.models.lock)."""
-    from retinabench.models.lock import unlocked
+    """Selected encoders whose weights the lock file does not pin (retinabench.registry.lockfile)."""
+    from retinabench.registry.lockfile import unlocked
     lines = unlocked(sorted(set(names)), registries.encoders)
     if not lines:
         return []

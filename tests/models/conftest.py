@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from retinabench.hashing import sha256_file
-from retinabench.models.lock import pins_of
+from retinabench.registry.lockfile import pins_of
 
 REV = "a" * 40
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from retinabench.models.loaders import WeightsError, build_encoder, load_state_dict_strict
+from retinabench.models import WeightsError, build_encoder
+from retinabench.models.strict import load_state_dict_strict
 from tests.models.conftest import hub_entry, lock_record
 
 
@@ -182,7 +183,7 @@ def test_pos_embed_is_resampled_from_the_declared_checkpoint_grid_and_recorded(t
 
 
 def test_registers_are_never_pooled_as_patches():
-    from retinabench.models.loaders import build_architecture
+    from retinabench.models import build_architecture
     base = {"name": "reg", "source": "timm", "architecture": "vit_small_patch14_reg4_dinov2", "input_size": 56,
             "model_kwargs": {"depth": 1}, "init": "random"}
     torch.manual_seed(0)
@@ -323,7 +324,7 @@ def test_open_clip_image_tower_loads_strictly_and_projects_like_encode_image(tmp
         assert torch.allclose(cls.module(x) @ model.visual.proj, model.encode_image(x), atol=1e-6)
     assert proj.weights["dropped"]["count"] > 0 and "visual.proj" not in proj.weights["dropped"].get("keys", [])
     # the whole model (text tower + tokenizer) for zero-shot protocols, loaded strictly too
-    from retinabench.models.loaders import load_open_clip_model
+    from retinabench.models import load_open_clip_model
     full, tokenizer, prov = load_open_clip_model(hub_entry(fake_hub, "tiny_clip", "org/clip", {path.name: path},
                                                            pooling="cls", **fields))
     with torch.inference_mode():
@@ -354,7 +355,7 @@ def test_lock_record_helper_matches_pins():
 def test_whole_transformers_dual_encoder_loads_strictly_for_zero_shot(tmp_path, fake_hub):
     """The image encoder drops SigLIP's text tower (declared, recorded); the whole-model loader keeps both."""
     from transformers import SiglipConfig, SiglipModel
-    from retinabench.models.loaders import load_transformers_model
+    from retinabench.models import load_transformers_model
     torch.manual_seed(0)
     cfg = dict(model_type="siglip",
                vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
@@ -389,7 +390,7 @@ def test_a_weights_path_folder_loads_only_when_every_file_matches_its_pin(tmp_pa
     """A local transformers folder (the demo's tiny models): sha256 maps each file; a changed, unpinned or missing
     file is refused, naming it."""
     from retinabench.hashing import sha256_file
-    from retinabench.protocols.zeroshot import load_dual_encoder
+    from retinabench.models import load_dual_encoder
     from retinabench.testing.tiny_models import build_tiny_siglip
     folder = tmp_path / "tiny_siglip"
     entry = build_tiny_siglip(folder)

@@ -2,8 +2,8 @@
 import pytest
 import yaml
 
-from retinabench.models.lock import (LockError, attach_locks, lock_state, pins_of, read_lock, unlocked,
-                                     weights_origin, write_lock)
+from retinabench.registry.lockfile import (LockError, attach_locks, lock_state, pins_of, read_lock, unlocked,
+                                           weights_origin, write_lock)
 from retinabench.registry import RegistryError, load_registry
 
 BASE = {"source": "timm", "architecture": "vit_tiny_patch16_224", "domain": "natural", "method": "x",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from retinabench.models.loaders import KeyReport, build_architecture, build_encoder, weights_target
-from retinabench.models.published import reduced_hf_config, save_transformers_checkpoint, write_published
+from retinabench.models import KeyReport, build_architecture, build_encoder, weights_target
+from retinabench.testing.published import reduced_hf_config, save_transformers_checkpoint, write_published
 from retinabench.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@ its largest encoder far below one H100 (measured on a GPU by bench/gpu_check.py)
 import json
 from importlib import resources
 
-from retinabench.models.sizes import H100_GB, SIZE_CLASSES, feature_batch_size, feature_memory_gb, size_class_for
+from retinabench.registry.sizes import H100_GB, SIZE_CLASSES, feature_batch_size, feature_memory_gb, size_class_for
 from tests.models.test_registry_entries import ENTRIES
 
 

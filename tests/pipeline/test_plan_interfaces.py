@@ -42,7 +42,7 @@ def test_enabled_interfaces_plan_one_gpu_job_per_entry_and_task_set_and_feed_rel
                                          ("zeroshot", "siglip2_base_patch16_224", "all")]
     job = p.interfaces.jobs[("mllm", "medgemma_4b_it", "all")]
     assert set(job.tasks) == set(anydr) and job.resources["gpu"] == 1
-    from retinabench.models.sizes import SIZE_CLASSES
+    from retinabench.registry.sizes import SIZE_CLASSES
     # giant class: its per-dataset runtime x datasets x 2 prompt sets (a dual encoder embeds once per dataset)
     assert job.resources["runtime"] == SIZE_CLASSES["giant"]["runtime"] * len(job.datasets) * 2
     # tasks without prompts (the phantom's DR grading, glaucoma, DME) are listed, not silently dropped

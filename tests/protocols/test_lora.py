@@ -11,9 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
+from retinabench.models import adapters as A
+from retinabench.models import load_mllm
 from retinabench.prompts import load_prompts
 from retinabench.protocols import lora as L
-from retinabench.protocols.mllm import load_mllm, run_mllm
+from retinabench.protocols import mllm as M
+from retinabench.protocols.mllm import run_mllm
 from retinabench.provenance import read_sidecar
 from tests.conftest import REPO
 
@@ -77,7 +80,7 @@ def trained(world, prompts, base, tmp_path_factory):
     examples, prompt = L.training_examples(world["images"], world["ids"], world["manifest"],
                                            world["splits"][SOURCE["name"]], SOURCE, prompts, settings)
     rec = L.train_lora(m, examples, prompt, out, settings, entry=base[0], task=SOURCE)
-    L.write_adapter_sidecar(rec["adapter"], rec)
+    A.write_adapter_sidecar(rec["adapter"], rec)
     return {"record": rec, "out": out, "examples": examples, "prompt": prompt, "settings": settings}
 
 
@@ -86,11 +89,11 @@ def predictions(world, prompts, base, trained):
     """Base and adapter predictions on both test sets through run_mllm (one prompt set)."""
     base_frames, adapter_frames = [], []
     m0 = _load(base)
-    ma = L.load_adapter(_load(base), trained["record"]["adapter"])
+    ma = A.load_adapter(_load(base), trained["record"]["adapter"])
     for t, task in TASKS.items():
         args = (world["images"], world["ids"], world["manifest"], world["splits"][t], task, prompts)
         base_frames.append(run_mllm(m0, *args, prompt_sets=["focus"]))
-        adapter_frames.append(L.adapter_predictions(run_mllm(ma, *args, prompt_sets=["focus"]), ma))
+        adapter_frames.append(M.adapter_predictions(run_mllm(ma, *args, prompt_sets=["focus"]), ma))
     return pd.concat(base_frames, ignore_index=True), pd.concat(adapter_frames, ignore_index=True)
 
 
@@ -188,7 +191,7 @@ def test_the_same_training_gives_the_same_adapter_bytes(world, prompts, base, tr
     settings = trained["settings"]
     rec = L.train_lora(_load(base), trained["examples"], trained["prompt"], tmp_path, settings, entry=base[0],
                        task=SOURCE, log=lambda m: None)
-    L.write_adapter_sidecar(rec["adapter"], rec)
+    A.write_adapter_sidecar(rec["adapter"], rec)
     assert read_sidecar(rec["adapter"])["files"] == read_sidecar(trained["record"]["adapter"])["files"]
 
 
@@ -197,9 +200,9 @@ def test_reloaded_adapter_changes_the_answers_through_the_same_path(predictions,
     key = ["image_id", "dataset", "task", "protocol", "regime", "split"]
     # the adapter's rows carry their own protocol names, the base scoring's under the mapping
     assert set(adapter_p["protocol"]) == {"mllm_lora", "mllm_lora_renorm"}
-    assert {L.base_protocol(p) for p in adapter_p["protocol"]} == set(base_p["protocol"])
-    assert L.adapter_protocol("mllm_renorm@plain") == "mllm_lora_renorm@plain"
-    m = base_p.merge(adapter_p.assign(protocol=adapter_p["protocol"].map(L.base_protocol)), on=key,
+    assert {M.base_protocol(p) for p in adapter_p["protocol"]} == set(base_p["protocol"])
+    assert M.adapter_protocol("mllm_renorm@plain") == "mllm_lora_renorm@plain"
+    m = base_p.merge(adapter_p.assign(protocol=adapter_p["protocol"].map(M.base_protocol)), on=key,
                      suffixes=("_b", "_a"))
     assert len(m) == len(base_p) == len(adapter_p)
     assert (m["prompt_b"] == m["prompt_a"]).all() and (m["prompt_set_b"] == m["prompt_set_a"]).all()
@@ -218,29 +221,29 @@ def adapter_copy(trained, tmp_path):
 
 def test_missing_or_altered_files_fail_to_load(base, adapter_copy):
     (adapter_copy / "adapter_model.safetensors").unlink()
-    with pytest.raises(L.AdapterError, match="missing file adapter_model.safetensors"):
-        L.load_adapter(_load(base), adapter_copy)
-    with pytest.raises(L.AdapterError, match="does not exist"):
-        L.load_adapter(_load(base), adapter_copy.parent / "nowhere")
+    with pytest.raises(A.AdapterError, match="missing file adapter_model.safetensors"):
+        A.load_adapter(_load(base), adapter_copy)
+    with pytest.raises(A.AdapterError, match="does not exist"):
+        A.load_adapter(_load(base), adapter_copy.parent / "nowhere")
 
 
 def test_altered_weights_and_missing_sidecar_fail(base, adapter_copy):
     cfg = adapter_copy / "adapter_config.json"
     cfg.write_text(cfg.read_text().replace('"r": 16', '"r": 8'))
-    with pytest.raises(L.AdapterError, match="adapter_config.json has sha256"):
-        L.load_adapter(_load(base), adapter_copy)
+    with pytest.raises(A.AdapterError, match="adapter_config.json has sha256"):
+        A.load_adapter(_load(base), adapter_copy)
     (adapter_copy.parent / "adapter.prov.json").unlink()
-    with pytest.raises(L.AdapterError, match="no provenance sidecar"):
-        L.load_adapter(_load(base), adapter_copy)
+    with pytest.raises(A.AdapterError, match="no provenance sidecar"):
+        A.load_adapter(_load(base), adapter_copy)
 
 
 def test_wrong_base_model_fails(trained, tmp_path):
     from retinabench.testing.tiny_models import build_tiny_llava
     other = build_tiny_llava(tmp_path / "other", seed=1)  # same architecture, other weights
-    with pytest.raises(L.AdapterError, match="weight files differ"):
-        L.load_adapter(load_mllm(other, tmp_path / "other"), trained["record"]["adapter"])
-    with pytest.raises(L.AdapterError, match="trained on base model 'tiny_llava', not 'tiny_qwen2_vl'"):
-        L.load_adapter(load_mllm(*_qwen()), trained["record"]["adapter"])
+    with pytest.raises(A.AdapterError, match="weight files differ"):
+        A.load_adapter(load_mllm(other, tmp_path / "other"), trained["record"]["adapter"])
+    with pytest.raises(A.AdapterError, match="trained on base model 'tiny_llava', not 'tiny_qwen2_vl'"):
+        A.load_adapter(load_mllm(*_qwen()), trained["record"]["adapter"])
 
 
 def test_mismatched_modules_fail_before_the_model_is_touched(base, adapter_copy):
@@ -255,20 +258,20 @@ def test_mismatched_modules_fail_before_the_model_is_touched(base, adapter_copy)
     save_file(renamed, str(adapter_copy / "adapter_model.safetensors"))
     write_sidecar(adapter_copy, rule="test", extra=rec["extra"])  # re-recorded: only the module check can catch it
     m = _load(base)
-    with pytest.raises(L.AdapterError, match="do not exist"):
-        L.load_adapter(m, adapter_copy)
+    with pytest.raises(A.AdapterError, match="do not exist"):
+        A.load_adapter(m, adapter_copy)
     assert not any("lora" in n for n, _ in m.model.named_modules())  # base untouched: no silent half-load
     shapes = dict(w)
     shapes[key] = torch.zeros(8, shapes[key].shape[1])
     save_file(shapes, str(adapter_copy / "adapter_model.safetensors"))
     write_sidecar(adapter_copy, rule="test", extra=rec["extra"])
-    with pytest.raises(L.AdapterError, match="LoRA shapes"):
-        L.load_adapter(_load(base), adapter_copy)
+    with pytest.raises(A.AdapterError, match="LoRA shapes"):
+        A.load_adapter(_load(base), adapter_copy)
     dropped = {k: v for k, v in w.items() if "layers.1.mlp.down_proj" not in k}
     save_file(dropped, str(adapter_copy / "adapter_model.safetensors"))
     write_sidecar(adapter_copy, rule="test", extra=rec["extra"])
-    with pytest.raises(L.AdapterError, match="targets 14 modules of this model, its weights cover 13"):
-        L.load_adapter(_load(base), adapter_copy)
+    with pytest.raises(A.AdapterError, match="targets 14 modules of this model, its weights cover 13"):
+        A.load_adapter(_load(base), adapter_copy)
 
 
 # --- paired deltas on the phantom --------------------------------------------------------------------------------
@@ -292,7 +295,7 @@ KILL_SCRIPT = """
 import os, pickle, signal, sys, torch
 from transformers import TrainerCallback
 from retinabench.protocols import lora as L
-from retinabench.protocols.mllm import load_mllm
+from retinabench.models.mllm import load_mllm
 torch.set_num_threads(1)
 entry, folder, examples, prompt, settings, task, out = pickle.load(open(sys.argv[1], "rb"))
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from retinabench.protocols import lora_launch
-from retinabench.protocols.lora import LoraSettings, load_adapter, verify_adapter_files
+from retinabench.models.adapters import load_adapter, verify_adapter_files
+from retinabench.protocols.lora import LoraSettings
 from tests.conftest import REPO
 
 TASK = {"name": "phantom_cfp_glaucoma", "dataset": "phantom", "modality": "cfp", "label": "glaucoma",
@@ -51,7 +52,7 @@ def test_two_processes_train_one_adapter_with_the_effective_batch_kept(spec):
     info = verify_adapter_files(out / "adapter")  # rank 0 wrote the sidecar with every file's sha256
     assert info.task == TASK["name"] and info.record["world_size"] == 2
     assert not (out / "checkpoints").exists()
-    from retinabench.protocols.mllm import load_mllm
+    from retinabench.models.mllm import load_mllm
     m = load_adapter(load_mllm(spec["entry"], spec["weights"], device="cpu"), out / "adapter")
     assert m.weights["adapter"]["sha256"] == info.sha256
 

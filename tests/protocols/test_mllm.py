@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from retinabench.prompts import load_prompts
-from retinabench.protocols.mllm import (INVALID, answer_tokens, generate_answers, load_mllm, parse_yes_no,
-                                        run_mllm, yes_no_scores)
+from retinabench.models import answer_tokens, load_mllm
+from retinabench.protocols.mllm import INVALID, generate_answers, parse_yes_no, run_mllm, yes_no_scores
 from retinabench.schemas import conform
 from retinabench.testing.tiny_models import tiny_tokenizer
 
@@ -159,7 +159,7 @@ def test_the_hub_path_users_run_loads_every_pinned_file_at_the_locked_revision(t
     model and its processor from exactly those files (here a stand-in hub serves the tiny model's folder)."""
     import huggingface_hub
 
-    from retinabench.models.loaders import WeightsError
+    from retinabench.models import WeightsError
     from tests.models.conftest import FakeHub, lock_record
     hub = FakeHub()
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.download)

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from retinabench.models.lock import _hub_files, is_glob, lock_state, pins_of, requested_files
+from retinabench.models.lock import _hub_files
+from retinabench.registry.lockfile import is_glob, lock_state, pins_of, requested_files
 from retinabench.registry import load_registry
 
 from tests.conftest import REPO
@@ -26,7 +27,7 @@ def test_focus_mllms_are_registered():
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_mllm_entry_builds_its_class_with_the_declared_size(name, tmp_path):
     import transformers
-    from retinabench.models.loaders import _check_hf_config, hf_config
+    from retinabench.models._transformers import _check_hf_config, hf_config
     entry = ENTRIES[name]
     config = hf_config(entry)
     cls = getattr(transformers, entry["hf_full_class"])
@@ -39,7 +40,7 @@ def test_mllm_entry_builds_its_class_with_the_declared_size(name, tmp_path):
     _check_hf_config(entry, transformers.AutoConfig.from_pretrained(tmp_path))
     wrong = json.loads(json.dumps(entry["hf_config"]))
     wrong["text_config"]["num_hidden_layers"] += 1
-    from retinabench.models.loaders import WeightsError
+    from retinabench.models import WeightsError
     with pytest.raises(WeightsError, match="text_config.num_hidden_layers"):
         _check_hf_config(dict(entry, hf_config=wrong), transformers.AutoConfig.from_pretrained(tmp_path))
 
@@ -67,7 +68,7 @@ def test_lock_pins_mllm_processor_files_through_optional_globs(monkeypatch, tmp_
     assert set(got) == repo - {"README.md", "sub/tokenizer.json"}  # every processor file, both shards, the index
     assert len(got) == len(set(got))
     # a plain (non-glob) name the repo lacks is still an error
-    from retinabench.models.lock import LockError
+    from retinabench.registry.lockfile import LockError
     with pytest.raises(LockError, match="has no file 'config.json'"):
         _hub_files(entry, "a" * 40, repo - {"config.json"})
 
@@ -83,7 +84,7 @@ OUTSIDE = {"ret_clip", "flair"}  # text towers that need code outside open_clip 
 
 @pytest.mark.parametrize("paper, name", sorted(FOCUS_VLMS.items()))
 def test_focus_vlms_serve_zero_shot_or_say_which_code_they_need(paper, name):
-    from retinabench.models.lock import needs_lock
+    from retinabench.registry.lockfile import needs_lock
     e = ALL[name]
     interfaces = e.get("interfaces") or ["features"]
     assert "features" in interfaces  # the image tower serves the frozen protocols (FOCUS's VLM linear probe)
@@ -107,7 +108,7 @@ def test_focus_vlms_serve_zero_shot_or_say_which_code_they_need(paper, name):
 
 
 def test_a_zero_shot_text_tower_outside_the_libraries_is_refused_with_its_note():
-    from retinabench.models.loaders import WeightsError
-    from retinabench.protocols.zeroshot import load_dual_encoder
+    from retinabench.models import WeightsError
+    from retinabench.models import load_dual_encoder
     with pytest.raises(WeightsError, match="RET-CLIP code"):
         load_dual_encoder(ALL["ret_clip"])

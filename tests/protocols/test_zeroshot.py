@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from retinabench.prompts import load_prompts
-from retinabench.protocols.zeroshot import (class_embedding, ece_difference, focus_proba, load_dual_encoder,
-                                            native_proba, run_zeroshot)
+from retinabench.models import load_dual_encoder
+from retinabench.protocols.zeroshot import (class_embedding, ece_difference, focus_proba, native_proba,
+                                            run_zeroshot)
 from retinabench.schemas import conform
 from retinabench.testing.tiny_models import build_tiny_hf_clip, build_tiny_open_clip, build_tiny_siglip
 
@@ -102,7 +103,7 @@ def test_transformers_native_scoring_equals_the_models_own_head(tiny_duals, kind
 
 
 def test_an_entry_without_the_zeroshot_interface_is_refused(tiny_duals):
-    from retinabench.models.loaders import WeightsError
+    from retinabench.models import WeightsError
     entry, path = tiny_duals["open_clip"]
     with pytest.raises(WeightsError, match="does not declare the zeroshot interface"):
         load_dual_encoder(dict(entry, interfaces=["features"], zeroshot_note="needs its own code"), weights=path)

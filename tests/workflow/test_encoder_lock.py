@@ -2,7 +2,7 @@
 command that pins it; once locked it plans normally, and relocking it reruns exactly its jobs."""
 import yaml
 
-from retinabench.models.lock import pins_of, write_lock
+from retinabench.registry.lockfile import pins_of, write_lock
 from retinabench.registry import load_registry
 
 OVERRIDES = {"datasets": ["phantom"], "encoders": ["vit_tiny_random", "dinov2_vitb14"]}

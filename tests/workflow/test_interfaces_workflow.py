@@ -10,7 +10,7 @@ from tests.workflow.conftest import TINY
 
 
 def fake_lock(workdir, names):
-    from retinabench.models.lock import lock_name, needs_lock, pins_of, write_lock
+    from retinabench.registry.lockfile import lock_name, needs_lock, pins_of, write_lock
     from retinabench.registry import load_registry
     encoders = load_registry(workdir / "config/encoders.yaml", "encoders")
     records = {lock_name(encoders[n]): {"pins": pins_of(encoders[n]), "revision": "0" * 40, "locked_at": "fake",

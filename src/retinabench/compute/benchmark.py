@@ -100,7 +100,7 @@ def measure_inference(entry: dict, images: np.ndarray, *, batch_size: int, warmu
     import torch
     from retinabench.compute.memory import PeakMemory, baseline_rss_mb
     from retinabench.features.extract import pick_device, prepare_module, to_model_input
-    from retinabench.models import build_encoder
+    from retinabench.models.encoder import build_encoder
     dev = pick_device(device)
     prec = _precision(precision, dev)
     if len(images) == 0:
@@ -140,7 +140,7 @@ def measure_training(entry: dict, batches: list, n_classes: int, *, protocol: st
     """Time per step and peak memory of ``Trainer.train_step`` over ``batches`` (uint8 NCHW, labels) cycled."""
     import torch
     from retinabench.compute.memory import PeakMemory, baseline_rss_mb
-    from retinabench.models import build_encoder
+    from retinabench.models.encoder import build_encoder
     from retinabench.protocols.finetune import TrainConfig, Trainer
     batch_size = int(batches[0][0].shape[0])
     cfg = TrainConfig.from_settings(train_settings, batch_size=batch_size, epochs=1,
@@ -210,7 +210,7 @@ def run_phases(spec: dict) -> list[dict]:
     torch.set_num_threads(max(1, threads))
     torch.manual_seed(0)
     from retinabench.compute.memory import trim_heap
-    from retinabench.models import build_encoder
+    from retinabench.models.encoder import build_encoder
     # One untimed build first: imports the loader's libraries, reads the weight file into the page cache and runs
     # build_encoder's probe forward pass (kernel set-up), so none of that lands in the first phase's figures.
     dev = pick_device(s["device"])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from retinabench.atomic import atomic_path
 from retinabench.data.image_cache import open_image_cache
-from retinabench.models.loaders import Encoder
+from retinabench.models.encoder import Encoder
 
 
 def pick_device(requested: str = "auto") -> torch.device:

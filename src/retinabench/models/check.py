@@ -1,4 +1,5 @@
-"""``retinabench check-encoder``: load one entry through the real load path and report what happened."""
+"""``retinabench check-encoder``: load one entry through the real load path and report what happened (its image
+encoder, its dual encoder where it declares zero-shot, its MLLM where it declares the mllm interface)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,9 @@ def _weights_lines(w: dict) -> list[str]:
 def check_encoder(entry: dict, weights: str | Path | None = None) -> tuple[bool, list[str]]:
     """Build ``entry`` (from its pinned source, or ``weights``: a local file / folder in the published layout)
     and describe the result: embedding dimension, files and sha256, dropped / missing / unexpected keys."""
-    from retinabench.models.loaders import WeightsError, build_encoder
-    from retinabench.models.lock import LockError
+    from retinabench.models.strict import WeightsError
+    from retinabench.models.encoder import build_encoder
+    from retinabench.registry.lockfile import LockError
     if "mllm" in (entry.get("interfaces") or []):
         return check_mllm(entry, weights)
     lines = [f"encoder {entry['name']} ({entry['source']} {entry['architecture']}, pooling {entry['pooling']}, "
@@ -59,18 +61,17 @@ def check_text_tower(entry: dict, weights: str | Path | None = None) -> tuple[bo
     """The zero-shot side of a dual encoder: both towers and the tokenizer through the strict loader, the head
     the ``zeroshot`` protocol uses (learned logit scale, SigLIP bias), and one image and one text embedded into
     the same space."""
-    import numpy as np
-
-    from retinabench.models.loaders import WeightsError
-    from retinabench.models.lock import LockError
-    from retinabench.protocols.zeroshot import embed_images, load_dual_encoder
+    from retinabench.models.strict import WeightsError
+    from retinabench.models.dual_encoder import load_dual_encoder
+    from retinabench.registry.lockfile import LockError
     lines = ["  zero-shot (both towers, tokenizer):"]
     try:
         dual = load_dual_encoder(entry, weights=weights)
         import torch
+        dual.module.eval()
         with torch.inference_mode():
             text = dual.encode_text(["a colour fundus photograph of a retina"]).float().cpu().numpy()
-        image = embed_images(dual, np.zeros((1, dual.input_size, dual.input_size, 3), np.uint8), device="cpu")
+            image = dual.encode_image(torch.zeros(1, 3, dual.input_size, dual.input_size)).float().cpu().numpy()
     except (WeightsError, LockError, OSError, KeyError, ValueError, ImportError) as err:
         lines.append(f"    FAILED: {type(err).__name__}: {err}")
         return False, lines
@@ -87,9 +88,9 @@ def check_text_tower(entry: dict, weights: str | Path | None = None) -> tuple[bo
 def check_mllm(entry: dict, weights: str | Path | None = None) -> tuple[bool, list[str]]:
     """Load an image-text-to-text entry (model + processor, strictly, from its pinned files or ``weights``) and
     report the files, the keys and the yes/no answer tokens its tokenizer gives the MLLM protocols."""
-    from retinabench.models.loaders import WeightsError
-    from retinabench.models.lock import LockError
-    from retinabench.protocols.mllm import load_mllm
+    from retinabench.models.strict import WeightsError
+    from retinabench.models.mllm import load_mllm
+    from retinabench.registry.lockfile import LockError
     lines = [f"mllm {entry['name']} ({entry['source']} {entry.get('hf_full_class')}, {entry['architecture']})"]
     try:
         m = load_mllm(entry, weights=weights, device="cpu", dtype="auto")

@@ -32,7 +32,7 @@ def compute_rows(split: pd.DataFrame, index: pd.DataFrame, n_images: int | None)
 @stage("compute_benchmark")
 def stage_compute_benchmark(job: Job) -> None:
     from retinabench.compute import benchmark_encoder
-    from retinabench.models import weights_record
+    from retinabench.models.encoder import weights_record
     entry, task, s = job.params["encoder"], job.params["task"], job.params["compute"]
     index, split = _load_data(job)
     test, train, labels = compute_rows(split, index, s["inference"]["images"])

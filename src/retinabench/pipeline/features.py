@@ -11,7 +11,7 @@ from retinabench.pipeline.registry import stage
 def stage_features(job: Job) -> None:
     import torch
     from retinabench.features.extract import extract_features
-    from retinabench.models import build_encoder
+    from retinabench.models.encoder import build_encoder
     torch.set_num_threads(max(1, job.threads))
     entry, p = job.params["encoder"], job.params["features"]
     t0 = time.perf_counter()

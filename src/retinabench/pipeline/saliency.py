@@ -24,7 +24,7 @@ def _versions(*names: str) -> dict:
 @stage("saliency")
 def stage_saliency(job: Job) -> None:
     import torch
-    from retinabench.models import weights_record
+    from retinabench.models.encoder import weights_record
     from retinabench.saliency import run_saliency, write_maps
     torch.set_num_threads(max(1, job.threads))
     task, entry, s = job.params["task"], job.params["encoder"], job.params["saliency"]

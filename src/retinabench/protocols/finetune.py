@@ -364,7 +364,7 @@ def load_finetuned(path: str | os.PathLike, encoder_entry: dict, task: dict, *, 
     :class:`Classifier` in eval mode, so gradients reach the input (saliency); ``record`` holds the file's sha256,
     best epoch and validation loss. Any mismatch (protocol, encoder, registry entry, task, classes) is an error.
     """
-    from retinabench.models import build_encoder
+    from retinabench.models.encoder import build_encoder
     record = read_weights(path)
     want = {"protocol": protocol, "encoder": encoder_entry["name"], "task": task["name"],
             "classes": list(task["classes"]), "entry_digest": entry_digest(encoder_entry)}
@@ -566,7 +566,7 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
     ``keep_weights``: also return each training regime's best weights (``FinetuneOutput.weights``, for
     :func:`save_weights`).
     """
-    from retinabench.models import build_encoder
+    from retinabench.models.encoder import build_encoder
     if protocol not in FINETUNE_PROTOCOLS:
         raise ValueError(f"unknown fine-tuning protocol {protocol!r}; expected one of {FINETUNE_PROTOCOLS}")
     bad = [r for r in regimes if r not in ("u-u", "u-b", "b-b", "b-u")]

@@ -194,7 +194,7 @@ def job_resources(entry: dict, n_datasets: int, n_prompt_sets: int) -> dict:
     """GPU job resources from the entry's size class: one GPU (the Slurm profile routes a ``gpu`` resource to the
     GPU partition), the class's host memory, and its per-dataset runtime × datasets × prompt sets (an MLLM
     generates once per prompt set; a dual encoder embeds the images once, so its prompt sets are free)."""
-    from retinabench.models.sizes import SIZE_CLASSES
+    from retinabench.registry.sizes import SIZE_CLASSES
     c = SIZE_CLASSES[entry["size_class"]]
     passes = n_prompt_sets if "mllm" in (entry.get("interfaces") or []) else 1
     return {"gpu": 1, "mem_mb": c["mem_mb"], "runtime": int(c["runtime"] * max(1, n_datasets) * max(1, passes))}

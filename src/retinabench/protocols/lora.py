@@ -16,8 +16,8 @@ is on the assistant turn only (:class:`SFTCollator`: every prompt token, image t
 is -100); FOCUS supervises the whole prompt — :data:`LABEL_MASKS` keeps that variant available by name
 (``label_mask: full``) for a reproduction.
 
-Strict loading and the adapter's provenance live in :mod:`retinabench.protocols.lora_adapter` (re-exported here);
-inference is :func:`retinabench.protocols.mllm.run` with the adapter: the same prompts, scoring and parser.
+Strict loading and the adapter's provenance sidecar live in :mod:`retinabench.models.adapters`; inference is
+:func:`retinabench.protocols.mllm.run` with the adapter: the same prompts, scoring and parser.
 """
 from __future__ import annotations
 
@@ -35,11 +35,8 @@ import numpy as np
 import pandas as pd
 
 from retinabench.prompts import PromptRegistry, YesNoPrompt, render_questions
-from retinabench.protocols.lora_adapter import (ADAPTER_CONFIG, ADAPTER_PROTOCOLS, ADAPTER_WEIGHTS, AdapterError,
-                                                AdapterInfo, adapter_predictions, adapter_protocol, base_protocol,
-                                                base_record, load_adapter, name_base_model, verify_adapter_files,
-                                                write_adapter_sidecar)
-from retinabench.protocols.mllm import MLLM
+from retinabench.models.adapters import AdapterError, base_record, name_base_model
+from retinabench.models.mllm import MLLM
 
 LABEL_MASKS = ("answer", "full")   # answer: loss on the assistant turn only (default); full: FOCUS (whole prompt)
 IGNORE_INDEX = -100
@@ -288,7 +285,7 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
     ``out_dir/checkpoints/`` holds the Trainer's checkpoints while it runs; a rerun after a kill resumes from
     the last one when ``run.json`` there matches this run (same settings, examples and base), else starts over.
     The adapter's provenance (files + sha256, base record, settings) goes to the sidecar the caller writes with
-    :func:`write_adapter_sidecar`; :func:`train_lora` returns everything it needs.
+    :func:`retinabench.models.adapters.write_adapter_sidecar`; :func:`train_lora` returns everything it needs.
     """
     import torch
     from peft import get_peft_model
@@ -390,8 +387,5 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
             "task": (task or {}).get("name", prompt.task_name), "dataset": (task or {}).get("dataset")}
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_PROTOCOLS", "ADAPTER_WEIGHTS", "LABEL_MASKS", "PROTOCOL", "AdapterError",
-           "AdapterInfo", "LoraSettings", "SFTCollator", "SFTExample", "adapter_predictions", "adapter_protocol",
-           "base_protocol", "base_record", "conversation", "language_model_linears", "language_model_prefix",
-           "load_adapter", "lora_config", "train_lora", "training_examples", "verify_adapter_files",
-           "write_adapter_sidecar"]
+__all__ = ["LABEL_MASKS", "PROTOCOL", "LoraSettings", "SFTCollator", "SFTExample", "conversation",
+           "language_model_linears", "language_model_prefix", "lora_config", "train_lora", "training_examples"]

@@ -40,8 +40,9 @@ def train_job(spec: dict, log=print) -> dict:
 
     from retinabench.data.image_cache import open_image_cache
     from retinabench.prompts import load_prompts
-    from retinabench.protocols.lora import LoraSettings, train_lora, training_examples, write_adapter_sidecar
-    from retinabench.protocols.mllm import load_mllm
+    from retinabench.models.adapters import write_adapter_sidecar
+    from retinabench.models.mllm import load_mllm
+    from retinabench.protocols.lora import LoraSettings, train_lora, training_examples
     from retinabench.schemas import read_table
     # the job's threads are shared by the processes of its group
     torch.set_num_threads(max(1, int(spec.get("threads", 1)) // int(os.environ.get("WORLD_SIZE", "1"))))

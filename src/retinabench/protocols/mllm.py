@@ -19,25 +19,27 @@ valid-only accuracy (with its n) are reported beside it. Extra columns: ``answer
 ``prob_yes``, ``prob_no``, ``mass`` (p_yes + p_no, the diagnostic of how much of the distribution is an answer
 at all), ``prompt_set`` and ``prompt`` (the rendered question). They are not named ``p_yes`` / ``p_no``: those
 are the class-probability columns of a task with classes ``no``/``yes``.
+
+The model, its processor and its answer tokens load in :mod:`retinabench.models.mllm` (a LoRA adapter on top:
+:mod:`retinabench.models.adapters`); an adapter's predictions carry their own protocol names
+(:func:`adapter_protocol`: ``mllm_lora``, ``mllm_lora_renorm``).
 """
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from retinabench.models.adapters import AdapterError
+from retinabench.models.mllm import MLLM, AnswerTokens, load_mllm
 from retinabench.prompts import PromptRegistry, YesNoPrompt, protocol_name, render_questions
 
 MLLM_PROTOCOLS = ("mllm", "mllm_renorm")
 INVALID = -1
-AFFIRMATIVE = ("yes", "Yes", "YES")
-NEGATIVE = ("no", "No", "NO")
-PREFIXES = ("", " ", "\n")
 _ANSWER = re.compile(r"(?<![A-Za-z0-9])(yes|no)(?![A-Za-z0-9])", re.IGNORECASE)
 DEFAULTS: dict[str, Any] = {"max_new_tokens": 8, "batch_size": 8, "device": "auto", "dtype": "auto"}
 
@@ -48,52 +50,6 @@ def parse_yes_no(text: str | None) -> str | None:
         return None
     m = _ANSWER.search(text)
     return m.group(1).lower() if m else None
-
-
-@dataclass(frozen=True)
-class AnswerTokens:
-    """Token ids of the yes / no variants that encode as exactly one token, and why the others do not count."""
-
-    yes_ids: tuple[int, ...]
-    no_ids: tuple[int, ...]
-    counted: dict = field(default_factory=dict)    # variant -> token id
-    excluded: dict = field(default_factory=dict)   # variant -> reason
-
-    def record(self) -> dict:
-        return {"counted": {repr(k): v for k, v in self.counted.items()},
-                "excluded": {repr(k): v for k, v in self.excluded.items()}}
-
-
-def answer_tokens(tokenizer) -> AnswerTokens:
-    """The single-token yes / no variants of ``tokenizer`` (prefixes '', ' ', '\\n' × casings)."""
-    unk = getattr(tokenizer, "unk_token_id", None)
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    counted, excluded = {}, {}
-    ids: dict[str, list[int]] = {"yes": [], "no": []}
-    for kind, words in (("yes", AFFIRMATIVE), ("no", NEGATIVE)):
-        for word in words:
-            for prefix in PREFIXES:
-                variant = prefix + word
-                enc = tokenizer.encode(variant, add_special_tokens=False)
-                if len(enc) != 1:
-                    excluded[variant] = f"{len(enc)} tokens"
-                    continue
-                tid = int(enc[0])
-                if tid == unk or tid in special:
-                    excluded[variant] = "unknown/special token"
-                    continue
-                if tokenizer.decode([tid]).strip() != word:
-                    excluded[variant] = f"decodes as {tokenizer.decode([tid])!r}"
-                    continue
-                counted[variant] = tid
-                if tid not in ids[kind]:
-                    ids[kind].append(tid)
-    if not ids["yes"] or not ids["no"]:
-        raise ValueError(f"the tokenizer has no single-token {'yes' if not ids['yes'] else 'no'} variant "
-                         f"(excluded: {excluded}): the yes/no score is undefined")
-    if set(ids["yes"]) & set(ids["no"]):
-        raise ValueError(f"yes and no variants share token ids {sorted(set(ids['yes']) & set(ids['no']))}")
-    return AnswerTokens(tuple(ids["yes"]), tuple(ids["no"]), counted, excluded)
 
 
 def yes_no_scores(logits, tokens: AnswerTokens) -> dict[str, np.ndarray]:
@@ -108,54 +64,7 @@ def yes_no_scores(logits, tokens: AnswerTokens) -> dict[str, np.ndarray]:
             "renorm": torch.sigmoid(lp_yes - lp_no).numpy()}
 
 
-# --- the model ----------------------------------------------------------------------------------------------------
-@dataclass
-class MLLM:
-    name: str
-    model: Any
-    processor: Any
-    tokens: AnswerTokens
-    device: Any
-    dtype: Any
-    weights: dict = field(default_factory=dict)
-
-    @property
-    def tokenizer(self):
-        return getattr(self.processor, "tokenizer", self.processor)
-
-
-def _resolve(device: str, dtype: str):
-    import torch
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if dtype == "auto":
-        dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    else:
-        dt = getattr(torch, dtype)
-    return dev, dt
-
-
-def load_mllm(entry: dict, weights: str | Path | None = None, *, device: str = "auto", dtype: str = "auto") -> MLLM:
-    """An image-text-to-text entry's model and processor through the strict transformers loader (pinned files,
-    or ``weights``: a local folder in the hub layout), bf16 on CUDA."""
-    from retinabench.models.loaders import WeightsError, load_transformers_with
-    if "mllm" not in (entry.get("interfaces") or []):
-        raise WeightsError(f"encoder {entry['name']!r} does not declare the mllm interface")
-    if entry.get("mllm_loader", "transformers") != "transformers":
-        raise WeightsError(f"encoder {entry['name']!r}: {entry.get('notes', 'needs code outside transformers')}")
-    dev, dt = _resolve(device, dtype)
-    extra = {"dtype": dt}
-    model, processor, prov = load_transformers_with(entry, weights, processor="AutoProcessor",
-                                                    cls_name=entry.get("hf_full_class", "AutoModelForImageTextToText"),
-                                                    extra=extra)
-    model.to(dev)
-    tok = getattr(processor, "tokenizer", processor)
-    tok.padding_side = "left"  # every row's last prompt token at the same position: one batched first step
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    tokens = answer_tokens(tok)
-    return MLLM(entry["name"], model, processor, tokens, dev, dt, prov | {"answer_tokens": tokens.record()})
-
-
+# --- generation ---------------------------------------------------------------------------------------------------
 def greedy_config(model, max_new_tokens: int, pad_token_id: int | None, logits: bool = True):
     """The model's generation config made purely greedy: no sampling, no beam search, no repetition penalty
     (the first generated token is then the argmax of the scored distribution), ``max_new_tokens`` new tokens;
@@ -307,6 +216,43 @@ def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest:
     return pd.concat(frames, ignore_index=True)
 
 
+# --- predictions of an adapter-carrying model --------------------------------------------------------------------
+# an adapter's predictions carry their own protocol names (the base model's mllm / mllm_renorm scoring, on the
+# adapted model), so that tables never mix base and adapter rows under one name; "@<set>" suffixes are kept
+ADAPTER_PROTOCOLS = {"mllm": "mllm_lora", "mllm_renorm": "mllm_lora_renorm"}
+
+
+def adapter_protocol(name: str) -> str:
+    """``mllm_renorm@plain`` -> ``mllm_lora_renorm@plain``."""
+    base, sep, rest = str(name).partition("@")
+    if base not in ADAPTER_PROTOCOLS:
+        raise AdapterError(f"protocol {name!r} is not an MLLM yes/no protocol {sorted(ADAPTER_PROTOCOLS)}")
+    return ADAPTER_PROTOCOLS[base] + sep + rest
+
+
+def base_protocol(name: str) -> str:
+    """The inverse of :func:`adapter_protocol` (a base protocol name is returned as it is)."""
+    base, sep, rest = str(name).partition("@")
+    inverse = {v: k for k, v in ADAPTER_PROTOCOLS.items()}
+    return inverse.get(base, base) + sep + rest
+
+
+def adapter_predictions(preds: pd.DataFrame, mllm: MLLM) -> pd.DataFrame:
+    """Tag :func:`run_mllm`'s predictions of an adapter-carrying model (protocols renamed by
+    :func:`adapter_protocol`: ``mllm`` -> ``mllm_lora``) with the adapter's source
+    (``train_dataset``, ``train_task``: the transfer convention of the reliability layer) and its digest
+    (``adapter``); the prompt set must be the one the adapter was trained with."""
+    rec = mllm.weights.get("adapter")
+    if not rec:
+        raise AdapterError(f"{mllm.name}: no adapter loaded (adapter_predictions needs load_adapter's model)")
+    sets = set(preds["prompt_set"]) if "prompt_set" in preds else set()
+    if rec.get("prompt_set") and sets and sets != {rec["prompt_set"]}:
+        raise AdapterError(f"{mllm.name}: adapter trained with prompt set {rec['prompt_set']!r}, predictions use "
+                           f"{sorted(sets)}")
+    return preds.assign(protocol=preds["protocol"].map(adapter_protocol), train_dataset=rec["dataset"],
+                        train_task=rec["task"], adapter=rec["sha256"])
+
+
 # --- the pipeline job ---------------------------------------------------------------------------------------------
 def answer_counts(predictions: pd.DataFrame) -> pd.DataFrame:
     """Invalid answers per (task, protocol, regime, split): n, n_invalid, invalid_rate (what the job prints)."""
@@ -327,15 +273,15 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     ``prompt``), checked against the schema.
 
     ``adapter``: a LoRA adapter folder (retinabench.protocols.lora), verified and applied to the loaded model
-    before anything runs; then the same path — prompts, scoring, parser — on the adapter's own prompt set, the rows
-    tagged by :func:`~retinabench.protocols.lora.adapter_predictions` (protocols ``mllm_lora``,
+    before anything runs (:func:`retinabench.models.adapters.load_adapter`); then the same path — prompts, scoring,
+    parser — on the adapter's own prompt set, the rows tagged by :func:`adapter_predictions` (protocols ``mllm_lora``,
     ``mllm_lora_renorm``; ``train_dataset``, ``train_task``, ``adapter``)."""
     from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
     s = settings if isinstance(settings, MLLMSettings) else MLLMSettings.from_config(settings)
     m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
     prompt_sets = s.prompt_sets
     if adapter is not None:
-        from retinabench.protocols.lora import load_adapter
+        from retinabench.models.adapters import load_adapter
         m = load_adapter(m, adapter)
         rec = m.weights["adapter"]
         prompt_sets = [rec["prompt_set"]]
@@ -352,7 +298,6 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
                          prompt_sets=prompt_sets, regimes=s.regimes, max_new_tokens=s.max_new_tokens,
                          batch_size=s.batch_size)
         if adapter is not None:
-            from retinabench.protocols.lora import adapter_predictions
             preds = adapter_predictions(preds, m)
         counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]).isin(["mllm", "mllm_lora"])])
         for r in counts.itertuples():

@@ -63,7 +63,7 @@ def run_sweep_stage(stage: int, array_path, index: pd.DataFrame, split: pd.DataF
                     log: Callable[[str], None] = print) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every lr of ``grid`` × seed for one stage; returns (sweep metrics: METRICS + lr/lr_name/stage, runs)."""
     from retinabench.metrics.classification import metrics_table
-    from retinabench.models import build_encoder
+    from retinabench.models.encoder import build_encoder
     protocol, lr_name = STAGES[stage]
     if stage == 2 and lr_classifier is None:
         raise ValueError("sweep stage 2 needs the lr_classifier chosen by stage 1")

@@ -1,6 +1,7 @@
 """CLIP-like zero-shot classification on the one predictions contract.
 
-A dual encoder (open_clip, or transformers CLIP / SigLIP with both towers) embeds each image and each class's
+A dual encoder (open_clip, or transformers CLIP / SigLIP with both towers; loaded by
+:func:`retinabench.models.dual_encoder.load_dual_encoder`) embeds each image and each class's
 prompt texts; a class embedding is the mean of its L2-normalised text embeddings, renormalised (one text, several
 paraphrases, or templates × class names: the prompt registry decides). Two scorings, each its own protocol:
 
@@ -17,13 +18,13 @@ normalised with the entry's statistics, as frozen features are), the task's spli
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from retinabench.models.dual_encoder import DualEncoder, load_dual_encoder
 from retinabench.prompts import PromptRegistry, ZeroShotPrompts, protocol_name, split_protocol
 
 ZEROSHOT_PROTOCOLS = ("zeroshot", "zeroshot_focus")
@@ -73,89 +74,6 @@ def native_proba(image_emb: np.ndarray, class_emb: np.ndarray, logit_scale: floa
         return _softmax(logits)
     from scipy.special import log_expit
     return _softmax(log_expit(logits + float(logit_bias)))
-
-
-# --- the dual encoder -------------------------------------------------------------------------------------------
-@dataclass
-class DualEncoder:
-    """Both towers of a CLIP-like model behind one interface. ``logit_scale`` is the multiplier exp(t) of the
-    stored temperature parameter; ``logit_bias`` is None for the CLIP family (softmax head)."""
-
-    name: str
-    family: str
-    module: Any
-    encode_image: Callable  # normalised float NCHW -> [B, D]
-    encode_text: Callable   # list[str] -> [T, D]
-    input_size: int
-    mean: tuple
-    std: tuple
-    logit_scale: float
-    logit_bias: float | None
-    weights: dict = field(default_factory=dict)
-
-    def to(self, device) -> DualEncoder:
-        self.module.to(device)
-        return self
-
-
-def _device_of(module) -> Any:
-    return next(module.parameters()).device
-
-
-def _features(out):
-    """transformers ``get_*_features`` return a tensor (or, in some versions, an output with ``pooler_output``)."""
-    return getattr(out, "pooler_output", out) if not hasattr(out, "shape") else out
-
-
-def load_dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEncoder:
-    """The entry's whole dual encoder through the strict loaders (open_clip: :func:`load_open_clip_model`;
-    transformers: :func:`load_transformers_with` with the tokenizer from the entry's pinned files)."""
-    import torch
-
-    from retinabench.models.loaders import (WeightsError, load_open_clip_model, load_transformers_with,
-                                            resolve_normalization)
-    what = f"encoder {entry['name']!r}"
-    if "zeroshot" not in (entry.get("interfaces") or []):
-        raise WeightsError(f"{what} does not declare the zeroshot interface (interfaces: "
-                           f"{entry.get('interfaces') or ['features']}); {entry.get('zeroshot_note', '')}".rstrip())
-    mean, std = resolve_normalization(entry)
-    if entry["source"] == "open_clip":
-        model, tokenizer, prov = load_open_clip_model(entry, weights)
-        bias = getattr(model, "logit_bias", None)
-
-        def enc_text(texts):
-            return model.encode_text(tokenizer(list(texts)).to(_device_of(model)))
-        return DualEncoder(entry["name"], "siglip" if bias is not None else "clip", model, model.encode_image,
-                           enc_text, entry["input_size"], mean, std, float(model.logit_scale.detach().exp()),
-                           None if bias is None else float(bias.detach()), prov)
-    if entry["source"] != "transformers":
-        raise WeightsError(f"{what}: zero-shot needs an open_clip or transformers dual encoder")
-    model, tokenizer, prov = load_transformers_with(entry, weights, processor="AutoTokenizer")
-    mtype = getattr(model.config, "model_type", "")
-    if mtype not in ("clip", "siglip"):
-        raise WeightsError(f"{what}: zero-shot supports transformers CLIP and SigLIP models (fixed-resolution "
-                           f"SigLIP2 checkpoints are model_type siglip); got model_type {mtype!r}")
-    family = "siglip" if mtype == "siglip" else "clip"
-    if family == "siglip":  # SigLIP's text tower pools the last position: it was trained on max_length padding
-        pad = dict(padding="max_length", max_length=int(model.config.text_config.max_position_embeddings),
-                   truncation=True)
-    else:
-        pad = dict(padding=True, truncation=True, max_length=int(model.config.text_config.max_position_embeddings))
-
-    def enc_text(texts):
-        tok = tokenizer(list(texts), return_tensors="pt", **pad)
-        tok = {k: v.to(_device_of(model)) for k, v in tok.items() if k in ("input_ids", "attention_mask")}
-        if family == "siglip":
-            tok.pop("attention_mask", None)  # SigLIP is used without a text attention mask (its reference usage)
-        return _features(model.get_text_features(**tok))
-
-    def enc_image(x):
-        return _features(model.get_image_features(pixel_values=x))
-    bias = getattr(model, "logit_bias", None)
-    with torch.no_grad():
-        scale = float(model.logit_scale.exp())
-    return DualEncoder(entry["name"], family, model, enc_image, enc_text, entry["input_size"], mean, std, scale,
-                       None if bias is None else float(bias.detach().reshape(-1)[0]), prov)
 
 
 def embed_images(dual: DualEncoder, images: np.ndarray, *, rows: np.ndarray | None = None, batch_size: int = 64,

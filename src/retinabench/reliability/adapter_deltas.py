@@ -1,7 +1,7 @@
 """Fine-tuned − base deltas of MLLM LoRA adapters, in-domain and out-of-domain (FOCUS Table 5).
 
 Pairing (:func:`pair_results`): every adapter result (predictions tagged with ``train_dataset`` / ``train_task``
-/ ``adapter`` by :func:`retinabench.protocols.lora.adapter_predictions`) is paired with the base model's result
+/ ``adapter`` by :func:`retinabench.protocols.mllm.adapter_predictions`) is paired with the base model's result
 of the same model family (``encoder``), protocol, regime, test dataset and test task; the two must hold the
 identical test image ids (else an error: they were not run on the same split), and the adapter's training task
 must be the test task or share its harmonised id. In-domain = tested on its own source dataset; out-of-domain
@@ -57,7 +57,7 @@ def _compatible(train_task: str, task: str, tasks: dict[str, dict]) -> bool:
 def _base_named(adapted: pd.DataFrame) -> pd.DataFrame:
     """Adapter rows under the base protocol names they pair with (``mllm_lora`` -> ``mllm``), the adapter's own
     name kept in ``adapter_protocol``."""
-    from retinabench.protocols.lora import base_protocol
+    from retinabench.protocols.mllm import base_protocol
     if "adapter_protocol" in adapted:
         return adapted
     return adapted.assign(adapter_protocol=adapted["protocol"],
@@ -74,7 +74,7 @@ def pair_results(base: pd.DataFrame, adapted: pd.DataFrame, tasks: dict[str, dic
     missing = [c for c in ADAPTER_KEYS if c not in adapted]
     if missing or not _is_adapter(adapted).all():
         raise ValueError(f"adapter deltas: adapter predictions need {ADAPTER_KEYS} set on every row "
-                         f"(missing columns {missing}); tag them with protocols.lora.adapter_predictions")
+                         f"(missing columns {missing}); tag them with protocols.mllm.adapter_predictions")
     b = base[base["split"] == "test"]
     a = adapted[adapted["split"] == "test"]
     ids_of = {k: set(g["image_id"]) for k, g in b.groupby(PAIR_KEYS, sort=True)}

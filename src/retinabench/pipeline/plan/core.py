@@ -6,7 +6,7 @@ import os
 import re
 import sys
 
-from retinabench.models.sizes import SIZE_CLASSES, feature_batch_size
+from retinabench.registry.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.pipeline.plan.code import rule_code_hash
 from retinabench.pipeline.run_lock import RunLock
 from retinabench.settings import PHANTOM_DEFAULTS, images_settings

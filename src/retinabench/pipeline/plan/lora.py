@@ -197,7 +197,7 @@ class LoraPlan:
 
     # -- resources ---------------------------------------------------------------------------------------------
     def _size(self, encoder: str) -> dict:
-        from retinabench.models.sizes import SIZE_CLASSES
+        from retinabench.registry.sizes import SIZE_CLASSES
         return SIZE_CLASSES[self.core.reg.encoder(encoder)["size_class"]]
 
     def train_resource(self, key: str):

@@ -1,6 +1,9 @@
 """Registries are data: datasets, tasks and encoders are YAML entries validated on load.
 
-Code exists per *kind* (one adapter per raw layout, one loader per source library), never per entry.
+Code exists per *kind* (one adapter per raw layout, one loader per source library), never per entry. Beside the
+loader: the encoder lock file's reader (:mod:`retinabench.registry.lockfile`) and the size classes an entry's
+``size_class`` names (:mod:`retinabench.registry.sizes`). Torch-free; nothing here imports
+:mod:`retinabench.models`.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from retinabench.registry.lockfile import attach_locks, lock_path_for, read_lock
 
 REGISTRY_KINDS = ("datasets", "tasks", "encoders")
 
@@ -146,7 +151,6 @@ class Registries:
         self.encoders = resolve_results(load_registry(encoders_path, "encoders"), results)
         check_cross_references(self.datasets, self.tasks, self.encoders)
         # Lock records travel with their entries (config/encoders.lock.yaml beside config/encoders.yaml).
-        from retinabench.models.lock import attach_locks, lock_path_for, read_lock
         self.encoders_lock_path = lock_path_for(encoders_path)
         attach_locks(self.encoders, read_lock(self.encoders_lock_path))
 

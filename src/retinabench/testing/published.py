@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from retinabench.models.keymaps import invert_keymap
-from retinabench.models.loaders import hf_config, resolve_normalization, weights_target
+from retinabench.models import hf_config, resolve_normalization, weights_target
 
 
 def _placeholder() -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""LoRA adapters of MLLMs: their provenance sidecar, strict loading onto a base model, and the protocol names of
-their predictions (retinabench.protocols.lora trains them and re-exports this module's public names).
+"""LoRA adapters of MLLMs: strict loading onto a base model and the provenance sidecar that loading verifies
+(:mod:`retinabench.protocols.lora` trains them; :mod:`retinabench.protocols.mllm` names their predictions).
 
 Loading (:func:`load_adapter`) verifies the adapter against its provenance sidecar before it touches the model:
 files present with the recorded sha256, the recorded base model (name, class, weight-file sha256s) equal to the
@@ -16,30 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import pandas as pd
-
-from retinabench.protocols.mllm import MLLM
+from retinabench.models.mllm import MLLM
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# an adapter's predictions carry their own protocol names (the base model's mllm / mllm_renorm scoring, on the
-# adapted model), so that tables never mix base and adapter rows under one name; "@<set>" suffixes are kept
-ADAPTER_PROTOCOLS = {"mllm": "mllm_lora", "mllm_renorm": "mllm_lora_renorm"}
-
-
-def adapter_protocol(name: str) -> str:
-    """``mllm_renorm@plain`` -> ``mllm_lora_renorm@plain``."""
-    base, sep, rest = str(name).partition("@")
-    if base not in ADAPTER_PROTOCOLS:
-        raise AdapterError(f"protocol {name!r} is not an MLLM yes/no protocol {sorted(ADAPTER_PROTOCOLS)}")
-    return ADAPTER_PROTOCOLS[base] + sep + rest
-
-
-def base_protocol(name: str) -> str:
-    """The inverse of :func:`adapter_protocol` (a base protocol name is returned as it is)."""
-    base, sep, rest = str(name).partition("@")
-    inverse = {v: k for k, v in ADAPTER_PROTOCOLS.items()}
-    return inverse.get(base, base) + sep + rest
 
 
 class AdapterError(ValueError):
@@ -72,13 +52,13 @@ def _unwrap(model):
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
-# --- provenance and strict loading --------------------------------------------------------------------------
 def write_adapter_sidecar(adapter_dir: str | os.PathLike, record: dict, *, rule: str = "mllm_lora_train",
                           inputs: Sequence[str | os.PathLike] = (), wildcards: dict | None = None,
                           config: dict | None = None) -> Path:
     """The adapter folder's provenance sidecar ``<adapter>.prov.json``: every file with its sha256 (the folder
     form of :func:`retinabench.provenance.write_sidecar`) and, under ``extra.adapter``, the base-model record,
-    source dataset and task, prompt set, settings and compute from :func:`train_lora`'s record."""
+    source dataset and task, prompt set, settings and compute from the training run's record
+    (:func:`retinabench.protocols.lora.train_lora`); :func:`verify_adapter_files` reads it back."""
     from retinabench.provenance import write_sidecar
     keep = ("base", "settings", "prompt_set", "task", "dataset", "n_examples", "examples_sha256", "target_modules",
             "compute", "batch_size", "grad_accum", "world_size", "effective_batch")
@@ -235,19 +215,3 @@ def load_adapter(mllm: MLLM, adapter_dir: str | os.PathLike) -> MLLM:
     return dataclasses.replace(mllm, model=model, weights={**mllm.weights, "adapter": {
         "path": info.path, "sha256": info.sha256, "task": info.task, "dataset": info.dataset,
         "prompt_set": info.prompt_set, "base": info.base}})
-
-
-def adapter_predictions(preds: pd.DataFrame, mllm: MLLM) -> pd.DataFrame:
-    """Tag :func:`run_mllm`'s predictions of an adapter-carrying model (protocols renamed by
-    :func:`adapter_protocol`: ``mllm`` -> ``mllm_lora``) with the adapter's source
-    (``train_dataset``, ``train_task``: the transfer convention of the reliability layer) and its digest
-    (``adapter``); the prompt set must be the one the adapter was trained with."""
-    rec = mllm.weights.get("adapter")
-    if not rec:
-        raise AdapterError(f"{mllm.name}: no adapter loaded (adapter_predictions needs load_adapter's model)")
-    sets = set(preds["prompt_set"]) if "prompt_set" in preds else set()
-    if rec.get("prompt_set") and sets and sets != {rec["prompt_set"]}:
-        raise AdapterError(f"{mllm.name}: adapter trained with prompt set {rec['prompt_set']!r}, predictions use "
-                           f"{sorted(sets)}")
-    return preds.assign(protocol=preds["protocol"].map(adapter_protocol), train_dataset=rec["dataset"],
-                        train_task=rec["task"], adapter=rec["sha256"])

@@ -1,0 +1,80 @@
+"""open_clip entries: the image tower (class-token or projected pooling) loaded from a state-dict checkpoint
+(:mod:`retinabench.models._checkpoints`), and the whole model — both towers and the tokenizer — as a dual encoder
+for the zero-shot protocols."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from retinabench.models._checkpoints import checkpoint_loader, load_checkpoint_into
+from retinabench.models.preprocess import resolve_normalization
+from retinabench.models.strict import WeightsError
+from retinabench.models.dual_encoder import DualEncoder, module_device
+from retinabench.models.sources import SourceLoader, register_source, weight_files
+
+
+class _OpenClipVisual(nn.Module):
+    """open_clip's image tower with an explicit pooling: ``cls`` = the class token after ``ln_post`` (the
+    tower's pooled output before the projection), ``projected`` = the image embedding of the CLIP space."""
+
+    def __init__(self, visual: nn.Module, pooling: str):
+        super().__init__()
+        self.visual, self.pooling = visual, pooling
+
+    @property
+    def target(self) -> nn.Module:
+        return self.visual
+
+    def forward(self, x):
+        v = self.visual
+        tokens = v.transformer(v._embeds(x))
+        pooled, _ = v._pool(tokens)
+        if self.pooling == "projected":
+            pooled = pooled @ v.proj
+        return pooled
+
+
+def _open_clip_model(entry: dict, device: torch.device | None = None) -> nn.Module:
+    import open_clip
+    return open_clip.create_model(entry["architecture"], pretrained=None, device=device or "cpu",
+                                  **(entry.get("model_kwargs") or {}))
+
+
+def _open_clip_module(entry: dict, device: torch.device | None = None) -> nn.Module:
+    if entry["pooling"] not in ("cls", "projected"):
+        raise WeightsError(f"encoder {entry['name']!r}: pooling {entry['pooling']!r} is not defined for open_clip "
+                           f"(cls or projected)")
+    model = _open_clip_model(entry, device)
+    if getattr(model.visual, "_global_pool", None) is None or getattr(model.visual, "pool_type", "tok") != "tok":
+        raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} does not pool the class token")
+    return _OpenClipVisual(model.visual, entry["pooling"])
+
+
+def load_open_clip_model(entry: dict, weights: str | Path | None = None):
+    """The whole open_clip model (image and text towers) and its tokenizer, loaded strictly; for zero-shot."""
+    import open_clip
+    if entry["source"] != "open_clip" or entry.get("keep_prefix") not in (None, "visual."):
+        raise WeightsError(f"encoder {entry['name']!r}: only the image tower of this checkpoint is in open_clip's "
+                           f"layout (keep_prefix {entry.get('keep_prefix')!r}); its text tower is not loadable here")
+    files, prov = weight_files(entry, weights)
+    model = _open_clip_model(entry)
+    full = {k: v for k, v in entry.items() if k not in ("keep_prefix", "drop_keys")}
+    report = load_checkpoint_into(model, full, files)
+    return model.eval(), open_clip.get_tokenizer(entry["architecture"]), prov | report.record()
+
+
+def _dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEncoder:
+    mean, std = resolve_normalization(entry)
+    model, tokenizer, prov = load_open_clip_model(entry, weights)
+    bias = getattr(model, "logit_bias", None)
+
+    def enc_text(texts):
+        return model.encode_text(tokenizer(list(texts)).to(module_device(model)))
+    return DualEncoder(entry["name"], "siglip" if bias is not None else "clip", model, model.encode_image,
+                       enc_text, entry["input_size"], mean, std, float(model.logit_scale.detach().exp()),
+                       None if bias is None else float(bias.detach()), prov)
+
+
+register_source(SourceLoader("open_clip", _open_clip_module, checkpoint_loader(), dual_encoder=_dual_encoder))

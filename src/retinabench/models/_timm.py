@@ -1,0 +1,109 @@
+"""timm entries: the architecture built by ``timm.create_model`` with random weights and the entry's pooling,
+loaded from a state-dict checkpoint (:mod:`retinabench.models._checkpoints`) after the ViT position embedding is
+resampled from the checkpoint's grid to the input grid, as timm's own pretrained loader does."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from retinabench.models._checkpoints import checkpoint_loader
+from retinabench.models.strict import KeyReport, WeightsError
+from retinabench.models.sources import SourceLoader, register_source
+
+
+def _timm_kwargs(entry: dict) -> dict:
+    from timm import layers
+    kwargs = dict(entry.get("model_kwargs") or {})
+    if isinstance(kwargs.get("mlp_layer"), str):
+        try:
+            kwargs["mlp_layer"] = getattr(layers, kwargs["mlp_layer"])
+        except AttributeError:
+            raise WeightsError(f"encoder {entry['name']!r}: unknown timm mlp_layer {kwargs['mlp_layer']!r}") from None
+    return kwargs
+
+
+class _TimmConcatPool(nn.Module):
+    """CLS token and mean of the patch tokens, concatenated (Virchow's published embedding); registers and other
+    prefix tokens are in neither."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    @property
+    def target(self) -> nn.Module:
+        return self.model
+
+    def forward(self, x):
+        tokens = self.model.forward_features(x)
+        npt = self.model.num_prefix_tokens
+        return torch.cat([tokens[:, 0], tokens[:, npt:].mean(dim=1)], dim=-1)
+
+
+def _timm_module(entry: dict) -> nn.Module:
+    import timm
+    from timm.models.vision_transformer import VisionTransformer
+    pooling = entry["pooling"]
+    kwargs = _timm_kwargs(entry)
+    is_vit = any(t in entry["architecture"] for t in ("vit", "deit", "eva", "beit"))
+    if is_vit:
+        kwargs.setdefault("img_size", entry["input_size"])
+        if pooling in ("cls", "cls_patch_mean"):
+            kwargs["global_pool"] = "token"
+        elif pooling == "patch_mean":
+            # timm's 'avg' averages tokens after num_prefix_tokens (class + register tokens excluded); fc_norm=False
+            # keeps the checkpoint's final norm on every token instead of a new, untrained fc_norm.
+            kwargs["global_pool"], kwargs["fc_norm"] = "avg", False
+        else:
+            raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm ViT")
+    elif pooling != "avg":
+        raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm CNN (use avg)")
+    model = timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
+    if is_vit and not isinstance(model, VisionTransformer):
+        raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} is not a timm VisionTransformer")
+    return _TimmConcatPool(model) if pooling == "cls_patch_mean" else model
+
+
+def _grid(n_tokens: int, what: str) -> int:
+    g = math.isqrt(n_tokens)
+    if g * g != n_tokens:
+        raise WeightsError(f"{what}: {n_tokens} position tokens do not form a square grid")
+    return g
+
+
+def resample_pos_embed(module: nn.Module, sd: dict, entry: dict, report: KeyReport) -> None:
+    """Resample a timm ViT's absolute position embedding from the grid of ``checkpoint_img_size`` (declared by the
+    entry and checked against the file) to the architecture's grid, as timm's own pretrained loader does."""
+    src_size = entry.get("checkpoint_img_size")
+    if not src_size or "pos_embed" not in sd:
+        return
+    from timm.layers import resample_abs_pos_embed
+    what = f"encoder {entry['name']!r}"
+    target = module.state_dict()["pos_embed"]
+    prefix = 0 if getattr(module, "no_embed_class", False) else getattr(module, "num_prefix_tokens", 1)
+    patch = module.patch_embed.patch_size[0]
+    want_src = (src_size // patch) ** 2 + prefix
+    have = sd["pos_embed"]
+    if have.shape[1] != want_src:
+        raise WeightsError(f"{what}: pos_embed of the checkpoint has {have.shape[1]} tokens; checkpoint_img_size "
+                           f"{src_size} with patch {patch} means {want_src} (shape {tuple(have.shape)})")
+    if have.shape == target.shape:
+        return
+    old = _grid(have.shape[1] - prefix, what)
+    new = _grid(target.shape[1] - prefix, what)
+    if have.device.type == "meta" or target.device.type == "meta" or have.stride() == (0,) * have.ndim:
+        sd["pos_embed"] = torch.zeros((), dtype=have.dtype).expand(target.shape)  # offline key check: shape only
+    else:
+        sd["pos_embed"] = resample_abs_pos_embed(have, new_size=[new, new], old_size=[old, old],
+                                                 num_prefix_tokens=prefix, interpolation="bicubic", antialias=True,
+                                                 verbose=False)
+    report.transforms.append(f"pos_embed resampled {old}x{old} -> {new}x{new} (bicubic, antialias)")
+
+
+def _architecture(entry: dict, device: torch.device) -> nn.Module:
+    return _timm_module(entry)
+
+
+register_source(SourceLoader("timm", _architecture, checkpoint_loader(adapt=resample_pos_embed)))

@@ -1,0 +1,52 @@
+"""Dual encoders (CLIP-like: an image tower and a text tower in one embedding space) for the zero-shot protocols,
+loaded strictly by the loader of the entry's library: open_clip, or transformers CLIP / SigLIP with both towers
+(:data:`~retinabench.models.sources.SOURCES`, ``dual_encoder``). Importing this module imports no torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from retinabench.models.strict import WeightsError
+from retinabench.models.sources import SOURCES, source_loader
+
+
+@dataclass
+class DualEncoder:
+    """Both towers of a CLIP-like model behind one interface. ``logit_scale`` is the multiplier exp(t) of the
+    stored temperature parameter; ``logit_bias`` is None for the CLIP family (softmax head)."""
+
+    name: str
+    family: str
+    module: Any
+    encode_image: Callable  # normalised float NCHW -> [B, D]
+    encode_text: Callable   # list[str] -> [T, D]
+    input_size: int
+    mean: tuple
+    std: tuple
+    logit_scale: float
+    logit_bias: float | None
+    weights: dict = field(default_factory=dict)
+
+    def to(self, device) -> DualEncoder:
+        self.module.to(device)
+        return self
+
+
+def module_device(module) -> Any:
+    """The device of a module's (first) parameters: where its inputs go."""
+    return next(module.parameters()).device
+
+
+def load_dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEncoder:
+    """The entry's whole dual encoder (both towers and the tokenizer), loaded strictly from its pinned files or
+    ``weights`` (a local file / folder in the published layout) by its library's loader."""
+    what = f"encoder {entry['name']!r}"
+    if "zeroshot" not in (entry.get("interfaces") or []):
+        raise WeightsError(f"{what} does not declare the zeroshot interface (interfaces: "
+                           f"{entry.get('interfaces') or ['features']}); {entry.get('zeroshot_note', '')}".rstrip())
+    loader = source_loader(entry)
+    if loader.dual_encoder is None:
+        dual = [n for n in SOURCES.names() if SOURCES.get(n, what).dual_encoder is not None]
+        raise WeightsError(f"{what}: zero-shot needs an {' or '.join(dual)} dual encoder")
+    return loader.dual_encoder(entry, weights)
