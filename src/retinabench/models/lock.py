@@ -17,7 +17,8 @@ from typing import Any
 
 from retinabench.atomic import atomic_path
 from retinabench.hashing import sha256_file
-from retinabench.registry.lockfile import LockError, is_glob, local_weights_file, pins_of, requested_files, weights_origin
+from retinabench.registry.lockfile import (LockError, is_glob, local_weights_file, pins_of, requested_files,
+                                           weights_origin)
 
 
 def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:

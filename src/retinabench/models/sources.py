@@ -94,20 +94,20 @@ def register_origin(origin: str, files: WeightFiles) -> WeightFiles:
     return ORIGINS.register(origin, files)
 
 
-_builtin_loading = False
+_builtin_registered = False
 
 
 def _register_builtin() -> None:
     """Import the built-in loader modules once (each registers itself on import; their registrations pass through
     here again while the flag is set)."""
-    global _builtin_loading
-    if _builtin_loading:
+    global _builtin_registered
+    if _builtin_registered:
         return
-    _builtin_loading = True
+    _builtin_registered = True
     try:
         from retinabench.models import _checkpoints, _open_clip, _packaged, _timm, _transformers  # noqa: F401
     except BaseException:
-        _builtin_loading = False
+        _builtin_registered = False
         raise
 
 
