@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from retinabench.models._checkpoints import checkpoint_loader, load_checkpoint_into
-from retinabench.models.preprocess import resolve_normalization
-from retinabench.models.strict import WeightsError
 from retinabench.models.dual_encoder import DualEncoder, module_device
+from retinabench.models.preprocess import resolve_normalization
 from retinabench.models.sources import SourceLoader, register_source, weight_files
+from retinabench.models.strict import WeightsError
 
 
 class _OpenClipVisual(nn.Module):

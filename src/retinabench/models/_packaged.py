@@ -8,8 +8,8 @@ from importlib import resources
 from pathlib import Path
 
 from retinabench.hashing import SNAKEMAKE_MARKER
-from retinabench.models.strict import WeightsError, verify_sha256
 from retinabench.models.sources import register_origin
+from retinabench.models.strict import WeightsError, verify_sha256
 
 
 def package_file(entry: dict) -> tuple[dict[str, Path], dict]:

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from retinabench.models._checkpoints import checkpoint_loader
-from retinabench.models.strict import KeyReport, WeightsError
 from retinabench.models.sources import SourceLoader, register_source
+from retinabench.models.strict import KeyReport, WeightsError
 
 
 def _timm_kwargs(entry: dict) -> dict:

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from retinabench.models.preprocess import check_pipeline_files, resolve_normalization
-from retinabench.models.strict import KeyReport, WeightsError
 from retinabench.models.dual_encoder import DualEncoder, module_device
+from retinabench.models.preprocess import check_pipeline_files, resolve_normalization
 from retinabench.models.sources import SourceLoader, register_source, weight_files
+from retinabench.models.strict import KeyReport, WeightsError
 
 
 class _HFVision(nn.Module):

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from retinabench.models.strict import WeightsError
 from retinabench.models.sources import SOURCES, source_loader
+from retinabench.models.strict import WeightsError
 
 
 @dataclass

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from retinabench.models.preprocess import check_pipeline_files, resolve_normalization
-from retinabench.models.strict import WeightsError, probe_embed_dim
 from retinabench.models.sources import build_architecture, source_loader, weight_files
+from retinabench.models.strict import WeightsError, probe_embed_dim
 from retinabench.registry.lockfile import weights_origin
 
 POOLINGS = ("cls", "patch_mean", "cls_patch_mean", "avg", "pooler", "projected")
