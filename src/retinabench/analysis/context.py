@@ -16,7 +16,6 @@ SWEEP_GRID = "sweep/lr_sweep_metrics.parquet"          # the sweep's per-lr metr
 SWEEP_SENSITIVITY = "sweep/lr_sensitivity.parquet"
 TASK_FIELDS = ("dataset", "modality", "family")
 DATASET_FIELDS = ("web_exposure_risk",)
-UNBALANCED, BALANCED = "u-u", "b-b"
 
 
 def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:

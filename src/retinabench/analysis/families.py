@@ -7,7 +7,8 @@ from typing import Callable
 
 import pandas as pd
 
-from retinabench.analysis.context import BALANCED, FAMILIES, UNBALANCED, AnalysisContext
+from retinabench.analysis.context import FAMILIES, AnalysisContext
+from retinabench.regimes import BALANCED, UNBALANCED
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -82,7 +83,8 @@ def family_tables(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
 def family_cd(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.figures.cd import CDPanel, cd_figure
     from retinabench.stats.friedman import block_ranks, friedman_test, nemenyi, nemenyi_long
-    from retinabench.stats.ranks import higher_is_better, score_matrix
+    from retinabench.metrics.table import higher_is_better
+    from retinabench.stats.ranks import score_matrix
     ranks = inputs["ranks"]
     rows, pairs, paths = [], [], []
     head = ctx.analysis_protocol

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retinabench.analysis.context import (BALANCED, FAMILIES, UNBALANCED, AnalysisContext)
+from retinabench.analysis.context import FAMILIES, AnalysisContext
+from retinabench.regimes import BALANCED, UNBALANCED
 from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVITY, SUBSETS
 
 
