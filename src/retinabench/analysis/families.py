@@ -1,5 +1,6 @@
 """The analysis families: plain functions ``family_x(inputs, ctx, out)``, DataFrames in, files out (``out``: the
-paths :func:`retinabench.analysis.plan.analysis_outputs` gives the family)."""
+paths :func:`retinabench.analysis.plan.analysis_outputs` gives the family). Every file is written atomically
+(retinabench.atomic; figures through retinabench.figures.style.save)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,7 @@ from typing import Callable
 import pandas as pd
 
 from retinabench.analysis.context import FAMILIES, AnalysisContext
+from retinabench.atomic import atomic_write, write_text_atomic
 from retinabench.regimes import BALANCED, UNBALANCED
 
 
@@ -16,14 +18,12 @@ from retinabench.regimes import BALANCED, UNBALANCED
 # --------------------------------------------------------------------------------------------------------------
 
 def _write_csv(df: pd.DataFrame, path: str) -> str:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False, float_format="%.6g")
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     return path
 
 
 def _write_text(text: str, path: str) -> str:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
+    write_text_atomic(path, text)
     return path
 
 
@@ -49,8 +49,7 @@ def _role(ctx: AnalysisContext, protocol: str) -> str:
 def family_ranks(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.ranks import rank_summaries, rank_tables
     ranks = rank_tables(inputs["metrics"], ctx.metrics, split=ctx.split)
-    Path(out["ranks"]).parent.mkdir(parents=True, exist_ok=True)
-    ranks.to_parquet(out["ranks"], index=False)
+    atomic_write(out["ranks"], lambda tmp: ranks.to_parquet(tmp, index=False))
     _write_csv(rank_summaries(ranks), out["summary"])
     return [out["ranks"], out["summary"]]
 
