@@ -4,13 +4,14 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from sklearn import metrics as skm
 
 from retinabench.metrics import point
 from retinabench.metrics.table import (ANSWER_METRICS, METRICS, METRICS_TABLE, RELIABILITY_BINARY,
-                                       RELIABILITY_MULTICLASS, Metric, display_name, family, higher_is_better,
-                                       metric, metrics_table_names, names_of_family, reliability_name,
+                                       RELIABILITY_MULTICLASS, Metric, display_name, higher_is_better, metric,
+                                       metric_family, metric_family_names, metrics_table_names, reliability_name,
                                        threshold_free)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "retinabench"
@@ -22,6 +23,20 @@ def test_every_reported_name_is_declared_and_applies_to_its_tasks():
         for name in names:
             assert metric(name).compute is not None and metric(name).applies_to(n_classes), name
     assert metrics_table_names(3) == tuple(m for m in METRICS_TABLE if m != "ece")
+
+
+def test_every_metric_list_of_the_package_names_declared_metrics():
+    from retinabench.metrics import fairness
+    from retinabench.reliability import adapter_deltas
+    from retinabench.stats.baselines import chance_levels
+    for names, n_classes in ((fairness.GAP_METRICS_BINARY, 2), (fairness.QUALITY_METRICS_BINARY, 2),
+                             (fairness.GAP_METRICS_MULTI, 3), (fairness.QUALITY_METRICS_MULTI, 3),
+                             (adapter_deltas.TABLE5_METRICS, 2)):
+        assert all(metric(m).applies_to(n_classes) for m in names), names
+    assert set(chance_levels(np.array([0.3, 0.7]))) == set(METRICS_TABLE)
+    empty = pd.DataFrame(columns=["variant", "protocol", "encoder", "domain", "metric_family"])
+    assert list(adapter_deltas.table5(empty).columns) == ["model", "domain", "ΔAUROC", "ΔAUPRC", "ΔAccuracy", "ΔF1",
+                                                          "ΔECE (lower better)", "ΔInvalid rate", "n"]
 
 
 def test_aliases_share_one_implementation():
@@ -53,8 +68,8 @@ def test_directions_come_from_the_table():
 
 
 def test_families_and_their_reliability_names():
-    assert family("auroc_macro") == "auroc" and family("ece_top_label") == "ece" and family("f1_macro") == "f1"
-    assert names_of_family("auroc") == ("auroc", "auroc_macro")
+    assert metric_family("auroc_macro") == "auroc" and metric_family("ece_top_label") == "ece" and metric_family("f1_macro") == "f1"
+    assert metric_family_names("auroc") == ("auroc", "auroc_macro")
     forms = {f: (reliability_name(f, 2), reliability_name(f, 4)) for f in ("auroc", "auprc", "accuracy", "f1", "ece")}
     assert forms == {"auroc": ("auroc", "auroc_macro"), "auprc": ("auprc", "auprc_macro"),
                      "accuracy": ("accuracy", "accuracy"), "f1": ("f1", "f1_macro"), "ece": ("ece", "ece_top_label")}

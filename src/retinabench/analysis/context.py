@@ -123,7 +123,7 @@ class AnalysisContext:
         return self.headline or choose_headline(self.protocols, self.settings, ft_protocols=self.ft_protocols)
 
     @property
-    def focus_protocol(self) -> str:
+    def analysis_protocol_name(self) -> str:
         return self.analysis_protocol["protocol"]
 
     @property

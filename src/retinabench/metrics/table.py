@@ -101,7 +101,7 @@ def higher_is_better(name: str) -> bool:
     return m.higher_is_better
 
 
-def family(name: str) -> str:
+def metric_family(name: str) -> str:
     """The quantity a name measures: auroc_macro -> auroc, ece_top_label -> ece, f1_macro -> f1."""
     return metric(name).family
 
@@ -110,7 +110,7 @@ def display_name(name: str) -> str:
     return metric(name).display
 
 
-def names_of_family(fam: str) -> tuple[str, ...]:
+def metric_family_names(fam: str) -> tuple[str, ...]:
     """Every name of a family, in table order (``auroc`` -> auroc, auroc_macro)."""
     out = tuple(m.name for m in _DECLARED if m.family == fam)
     if not out:
@@ -126,7 +126,7 @@ def reliability_name(fam: str, n_classes: int) -> str:
     """The name a family takes in the reliability tables on a task with ``n_classes`` classes: on binary tasks
     the positive-class form (f1, ece, auroc), on multi-class tasks the macro form (f1_macro, auroc_macro), else
     the top-label one (ece_top_label), else the overall one (accuracy)."""
-    forms = {metric(n).aggregation: n for n in names_of_family(fam) if metric(n).applies_to(n_classes)}
+    forms = {metric(n).aggregation: n for n in metric_family_names(fam) if metric(n).applies_to(n_classes)}
     for aggregation in _FORM_PREFERENCE[n_classes == 2]:
         if aggregation in forms:
             return forms[aggregation]
