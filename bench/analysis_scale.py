@@ -26,7 +26,7 @@ def main() -> int:
     from retinabench.analysis import AnalysisContext, analysis_outputs
     from retinabench.analysis.families import run_family
     from retinabench.settings import ANALYSIS_DEFAULTS
-    from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
+    from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
                                              synthetic_subgroups, synthetic_sweep)
     t_import = time.perf_counter() - t_start
 

@@ -1,7 +1,7 @@
 """Time `snakemake -n` (the DAG build) on the paper-sized grids, CPU and wall, with the job count.
 
 * ``scale``: config/scale.yaml (34 encoders x 39 tasks of synthetic registries; no data needed).
-* ``ocularbench``: config/ocularbench.yaml on a fake data root (``python -m retinabench.data.raw_fixtures``) with a
+* ``ocularbench``: config/ocularbench.yaml on a fake data root (``python -m retinabench.testing.raw_fixtures``) with a
   temporary lock file pinning every selected hub / URL / manual encoder (dry runs refuse unlocked encoders). Runs
   in a temporary copy of the workflow so the repository's lock file is never touched.
 
@@ -57,7 +57,7 @@ def dry_run(repo: Path, name: str, profile: bool) -> dict:
     args = ["--configfile", f"config/{name}.yaml"]
     env = dict(os.environ, PYTHONPATH=str(work / "src"))
     if name == "ocularbench":
-        subprocess.run([sys.executable, "-m", "retinabench.data.raw_fixtures", str(tmp / "data")], env=env,
+        subprocess.run([sys.executable, "-m", "retinabench.testing.raw_fixtures", str(tmp / "data")], env=env,
                        check=True, capture_output=True)
         fake_lock(work, f"config/{name}.yaml")
         args += ["--config", f"data_root={tmp / 'data'}"]

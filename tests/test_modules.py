@@ -6,9 +6,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "retinabench"
-# Domain modules over the limit, left whole on purpose for now (each a single concern; splitting them would only
-# move lines): the fine-tuning trainer, the phantom generator and the raw-layout fixture writers.
-LONG_MODULES = {"protocols/finetune.py", "data/phantom.py", "data/raw_fixtures.py"}
+# Modules over the limit that another part of issue 24 splits (the fine-tuning trainer); the set is to be empty.
+LONG_MODULES = {"protocols/finetune.py"}
 MAX_LINES = 400
 
 

@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 
 MODALITIES = ("cfp", "oct", "slo", "uwf")
 SPLITS = ("train", "val", "test")
-REGIMES = ("u-u", "u-b", "b-b", "b-u")
 
 # Fixed columns; label columns (one per task label the dataset supports) are appended as nullable strings.
 MANIFEST = pa.schema([

@@ -77,9 +77,9 @@ def frame(rows) -> pd.DataFrame:
 
 def write(rows, path) -> str:
     """Write skipped rows as CSV (columns COLUMNS; an empty table keeps its header)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame(rows).to_csv(path, index=False)
+    from retinabench.atomic import atomic_write
+    table = frame(rows)
+    atomic_write(path, lambda tmp: table.to_csv(tmp, index=False))
     return str(path)
 
 

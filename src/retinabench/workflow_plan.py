@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from retinabench.regimes import is_balanced, train_sides
 from retinabench.registry import Registries, RegistryError
 
 
@@ -229,12 +230,12 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
                 problems.append(str(err))
                 continue
             if isinstance(knn_k, int):
-                for regime in sorted({r.split("-")[0] for r in config.get("regimes", [])}):
+                for regime in train_sides(config.get("regimes", [])):
                     train = split[split["split"] == "train"]
-                    n = int(train["balanced"].sum() if regime == "b" else len(train))
+                    n = int(train["balanced"].sum() if is_balanced(regime) else len(train))
                     if knn_k > n:
                         problems.append(f"knn.k = {knn_k} but task {name!r} has {n} training images in the "
-                                        f"{'balanced' if regime == 'b' else 'full'} training set (regimes "
+                                        f"{'balanced' if is_balanced(regime) else 'full'} training set (regimes "
                                         f"{regime}-*); lower knn.k or set `k: auto`")
     if unbuilt:
         notes.append(f"no manifest yet for {', '.join(unbuilt)}: class placement and knn.k are checked by their "

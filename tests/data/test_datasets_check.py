@@ -3,7 +3,7 @@ from pathlib import Path
 
 from retinabench import cli
 from retinabench.data.check import check_dataset
-from retinabench.data.raw_fixtures import write_fixture
+from retinabench.testing.raw_fixtures import write_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -171,7 +171,7 @@ def test_no_other_module_decodes_a_raw_image():
 def test_datasets_check_names_images_under_the_minimum(tmp_path, registries, monkeypatch, capsys):
     from retinabench import cli
     from retinabench.data.check import check_dataset
-    from retinabench.data.raw_fixtures import write_fixture
+    from retinabench.testing.raw_fixtures import write_fixture
     root = write_fixture("grape", tmp_path, registries.datasets)
     tiny = sorted(p for p in root.rglob("*.jpg"))[0]
     Image.new("RGB", (1, 1)).save(tiny)

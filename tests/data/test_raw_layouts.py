@@ -1,11 +1,11 @@
-"""Every reference dataset's adapter on a generated tiny copy of its RAW layout (retinabench.data.raw_fixtures):
+"""Every reference dataset's adapter on a generated tiny copy of its RAW layout (retinabench.testing.raw_fixtures):
 manifest rows, labels, metadata codings and the exclusions each known trap must leave. One data root serves
 all tests; each adapter runs once per session."""
 import pandas as pd
 import pytest
 
 from retinabench.data.adapters import adapter_info, get_adapter
-from retinabench.data.raw_fixtures import WRITERS, write_fixture
+from retinabench.testing.raw_fixtures import WRITERS, write_fixture
 from retinabench.schemas import MANIFEST, conform
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from retinabench.data.adapters.labels import InvalidLabelError
 from retinabench.data.adapters.table import TableConfigError, adapt_table, cell_text, plan
-from retinabench.data.raw_fixtures import write_image
+from retinabench.testing.raw_files import write_image
 
 
 def entry(**table):

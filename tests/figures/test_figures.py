@@ -11,7 +11,7 @@ from retinabench.analysis.families import run_family
 from retinabench.analysis.plan import FAMILY_RULES
 from retinabench.pipeline import Job, run_stage
 from retinabench.settings import ANALYSIS_DEFAULTS
-from retinabench.stats.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
+from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
                                          synthetic_subgroups, synthetic_sweep)
 
 PROTOCOLS = ["knn", "linear", "linear_aug", "finetune"]

@@ -3,7 +3,8 @@ import pandas as pd
 import pytest
 from sklearn import metrics as skm
 
-from retinabench.metrics.classification import classification_metrics, expected_calibration_error, metrics_table
+from retinabench.metrics.calibration import top_label_ece
+from retinabench.metrics.classification import classification_metrics, metrics_table
 
 
 def test_ece_hand_computed():
@@ -11,9 +12,9 @@ def test_ece_hand_computed():
     # 0.6 (correct), 0.6 (correct) -> bin 5: acc 1.0, conf 0.6 -> 0.4 × 2/4. ECE = 0.4.
     proba = np.array([[0.9, 0.1], [0.9, 0.1], [0.4, 0.6], [0.6, 0.4]])
     y = np.array([0, 1, 1, 0])
-    assert expected_calibration_error(y, proba) == pytest.approx(0.4)
+    assert top_label_ece(y, proba) == pytest.approx(0.4)
     # A perfectly calibrated, perfectly confident classifier has ECE 0.
-    assert expected_calibration_error(np.array([0, 1]), np.array([[1.0, 0.0], [0.0, 1.0]])) == 0.0
+    assert top_label_ece(np.array([0, 1]), np.array([[1.0, 0.0], [0.0, 1.0]])) == 0.0
 
 
 def test_metrics_match_sklearn_on_random_multiclass():
@@ -113,4 +114,4 @@ def test_multiclass_reports_top_label_ece_only():
     y = rng.integers(0, 3, 60)
     proba = rng.dirichlet(np.ones(3), 60)
     m = classification_metrics(y, proba, proba.argmax(1), ordinal=False)
-    assert "ece" not in m and m["ece_top_label"] == pytest.approx(expected_calibration_error(y, proba))
+    assert "ece" not in m and m["ece_top_label"] == pytest.approx(top_label_ece(y, proba))

@@ -22,7 +22,7 @@ from retinabench.data.adapters.root_wall import OutsideRootError
 from retinabench.data.adapters.table import adapt_table, plan
 from retinabench.data.adapters.tvhl import adapt_tvhl
 from retinabench.data.check import check_dataset, format_checks
-from retinabench.data.raw_fixtures import write_image
+from retinabench.testing.raw_files import write_image
 from retinabench.data.splits import SplitError, assign_splits, task_split
 from retinabench.pipeline import Job, run_stage
 from retinabench.provenance import read_sidecar
@@ -387,7 +387,7 @@ def test_fault4_16bit_grey_png_keeps_its_mean_in_the_image_cache(tmp_path):
 def test_fault4_a_1x1_image_is_excluded_counted_and_printed(tmp_path, registries, capfd):
     """A 1x1 image named by the index is no sample: the manifest job excludes it with its reason, counts it in
     its summary and prints it; changing images.min_side takes effect without re-decoding."""
-    from retinabench.data.raw_fixtures import write_fixture
+    from retinabench.testing.raw_fixtures import write_fixture
     from retinabench.settings import images_settings
     entry = registries.datasets["aptos2019"]
     root = write_fixture("aptos2019", tmp_path / "raw", registries.datasets)

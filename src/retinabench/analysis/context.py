@@ -16,7 +16,6 @@ SWEEP_GRID = "sweep/lr_sweep_metrics.parquet"          # the sweep's per-lr metr
 SWEEP_SENSITIVITY = "sweep/lr_sensitivity.parquet"
 TASK_FIELDS = ("dataset", "modality", "family")
 DATASET_FIELDS = ("web_exposure_risk",)
-UNBALANCED, BALANCED = "u-u", "b-b"
 
 
 def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:
@@ -124,7 +123,7 @@ class AnalysisContext:
         return self.headline or choose_headline(self.protocols, self.settings, ft_protocols=self.ft_protocols)
 
     @property
-    def focus_protocol(self) -> str:
+    def analysis_protocol_name(self) -> str:
         return self.analysis_protocol["protocol"]
 
     @property

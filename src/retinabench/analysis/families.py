@@ -1,5 +1,6 @@
 """The analysis families: plain functions ``family_x(inputs, ctx, out)``, DataFrames in, files out (``out``: the
-paths :func:`retinabench.analysis.plan.analysis_outputs` gives the family)."""
+paths :func:`retinabench.analysis.plan.analysis_outputs` gives the family). Every file is written atomically
+(retinabench.atomic; figures through retinabench.figures.style.save)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,9 @@ from typing import Callable
 
 import pandas as pd
 
-from retinabench.analysis.context import BALANCED, FAMILIES, UNBALANCED, AnalysisContext
+from retinabench.analysis.context import FAMILIES, AnalysisContext
+from retinabench.atomic import atomic_write, write_text_atomic
+from retinabench.regimes import BALANCED, UNBALANCED
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -15,14 +18,12 @@ from retinabench.analysis.context import BALANCED, FAMILIES, UNBALANCED, Analysi
 # --------------------------------------------------------------------------------------------------------------
 
 def _write_csv(df: pd.DataFrame, path: str) -> str:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False, float_format="%.6g")
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
     return path
 
 
 def _write_text(text: str, path: str) -> str:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
+    write_text_atomic(path, text)
     return path
 
 
@@ -48,8 +49,7 @@ def _role(ctx: AnalysisContext, protocol: str) -> str:
 def family_ranks(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.ranks import rank_summaries, rank_tables
     ranks = rank_tables(inputs["metrics"], ctx.metrics, split=ctx.split)
-    Path(out["ranks"]).parent.mkdir(parents=True, exist_ok=True)
-    ranks.to_parquet(out["ranks"], index=False)
+    atomic_write(out["ranks"], lambda tmp: ranks.to_parquet(tmp, index=False))
     _write_csv(rank_summaries(ranks), out["summary"])
     return [out["ranks"], out["summary"]]
 
@@ -60,7 +60,7 @@ def family_rank_figures(inputs: dict, ctx: AnalysisContext, out: dict) -> list[s
     for m in ctx.metrics:
         key = "png" if m == ctx.metric else f"png_{m}"
         paths += rank_distribution_figure(inputs["ranks"], ctx.encoders, out[key], regime=ctx.regime, metric=m,
-                                          protocols=[ctx.focus_protocol],
+                                          protocols=[ctx.analysis_protocol_name],
                                           title=f"Encoder ranks by {_metric_title(ctx, m)}, {ctx.protocol_label} "
                                                 f"(regime {ctx.regime})")
     return paths
@@ -82,7 +82,8 @@ def family_tables(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
 def family_cd(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.figures.cd import CDPanel, cd_figure
     from retinabench.stats.friedman import block_ranks, friedman_test, nemenyi, nemenyi_long
-    from retinabench.stats.ranks import higher_is_better, score_matrix
+    from retinabench.metrics.table import higher_is_better
+    from retinabench.stats.ranks import score_matrix
     ranks = inputs["ranks"]
     rows, pairs, paths = [], [], []
     head = ctx.analysis_protocol
@@ -163,10 +164,10 @@ def family_distance(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     ranks = inputs["ranks"]
     comps = protocol_comparisons(ctx.protocols, metric=ctx.metric, regime=ctx.regime) \
         if len(ctx.protocols) >= 2 else []
-    subs = subset_comparisons(ctx.tasks, ctx.settings["subsets"], metric=ctx.metric, protocol=ctx.focus_protocol,
+    subs = subset_comparisons(ctx.tasks, ctx.settings["subsets"], metric=ctx.metric, protocol=ctx.analysis_protocol_name,
                               regime=ctx.regime)
     table = distance_table(ranks, comps + subs, ctx.encoders)
-    table["protocol"] = ["" if f == "protocols" else ctx.focus_protocol for f in table["family"]]
+    table["protocol"] = ["" if f == "protocols" else ctx.analysis_protocol_name for f in table["family"]]
     kw = kruskal_table(table, ctx.alpha)
     paths = [_write_csv(table, out["table"]), _write_csv(kw, out["kruskal"])]
     if "png_protocols" in out:
@@ -187,7 +188,7 @@ def family_subsets(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.subsets import subset_rankings, task_subsets
     ranks = inputs["ranks"]
     subsets = task_subsets(ctx.tasks, ctx.settings["subsets"])
-    table = subset_rankings(ranks, subsets, metric=ctx.metric, protocol=ctx.focus_protocol, regime=ctx.regime)
+    table = subset_rankings(ranks, subsets, metric=ctx.metric, protocol=ctx.analysis_protocol_name, regime=ctx.regime)
     wide = table.pivot(index="encoder", columns="subset", values="mean_rank")[["all", *subsets]]
     wide.columns = [f"{c} ({len(subsets[c]) if c in subsets else len(ctx.tasks)})" for c in wide.columns]
     paths = [_write_csv(table, out["table"])]
@@ -206,10 +207,10 @@ def family_leakage(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     subsets = informative_subsets(leakage_subsets(ctx.tasks, ctx.encoders, ctx.datasets), list(ctx.tasks))
     if not subsets:
         raise ValueError("leakage: no task subset differs from the full task set (nothing to re-rank)")
-    table = leakage_rerank(ranks, subsets, metric=ctx.metric, protocol=ctx.focus_protocol, regime=ctx.regime,
+    table = leakage_rerank(ranks, subsets, metric=ctx.metric, protocol=ctx.analysis_protocol_name, regime=ctx.regime,
                            likelihood=exposure_likelihood(ctx.encoders, ctx.datasets),
                            exposure=exposed_datasets(ctx.encoders, list(ctx.datasets)))
-    paths = [_write_csv(table.assign(protocol_role=_role(ctx, ctx.focus_protocol)), out["table"])]
+    paths = [_write_csv(table.assign(protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"])]
     paths += leakage_bars(table, ctx.encoders, out["png"], order=_order(ranks, ctx), labels=SUBSET_LABELS,
                           title=f"Rank change without possibly leaked tasks ({ctx.protocol_label}, "
                                 f"{_metric_title(ctx, ctx.metric)})")
@@ -224,11 +225,11 @@ def family_top_k(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     clean = sorted(t for t, m in ctx.tasks.items() if m["dataset"] not in high)
     k = int(ctx.settings["top_k"])
     modalities = list(ctx.settings["subsets"].get("modality", []))
-    table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.focus_protocol,
+    table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
                   regime=ctx.regime, modalities=modalities)
     titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}
     paths = [_write_csv(table.assign(excluded_datasets=",".join(sorted(high)),
-                                     protocol_role=_role(ctx, ctx.focus_protocol)), out["table"])]
+                                     protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"])]
     excluded = ", ".join(sorted(high)) or "none"
     paths += top_k_panels(table, ctx.encoders, out["png"], titles=titles,
                           title=f"Top {k} by mean rank, high-leakage datasets excluded ({excluded}); "
@@ -253,8 +254,8 @@ def family_fairness(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.figures.scatter import subgroup_figure
     from retinabench.stats.fairness import subgroup_pairs
     table = subgroup_pairs(inputs["subgroups"], ctx.settings["subgroup_pairs"], metric=ctx.metric,
-                           protocol=ctx.focus_protocol, regime=ctx.regime, split=ctx.split)
-    return [_write_csv(table.assign(protocol_role=_role(ctx, ctx.focus_protocol)), out["table"]),
+                           protocol=ctx.analysis_protocol_name, regime=ctx.regime, split=ctx.split)
+    return [_write_csv(table.assign(protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"]),
             *subgroup_figure(table, ctx.encoders, out["png"],
                              title=f"Subgroup {_metric_title(ctx, ctx.metric)} per encoder and dataset "
                                    f"({ctx.protocol_label}, regime {ctx.regime})")]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retinabench.analysis.context import (BALANCED, FAMILIES, UNBALANCED, AnalysisContext)
+from retinabench.analysis.context import FAMILIES, AnalysisContext
+from retinabench.regimes import BALANCED, UNBALANCED
 from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVITY, SUBSETS
 
 
@@ -15,7 +16,7 @@ from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVI
 def _subset_comparisons_exist(ctx: AnalysisContext) -> bool:
     from retinabench.stats.distance import subset_comparisons
     return bool(subset_comparisons(ctx.tasks, ctx.settings["subsets"], metric=ctx.metric,
-                                   protocol=ctx.focus_protocol, regime=ctx.regime))
+                                   protocol=ctx.analysis_protocol_name, regime=ctx.regime))
 
 
 def _figure(paths: dict, key: str, base: str) -> None:

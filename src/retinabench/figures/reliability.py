@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from retinabench.metrics.table import metric_family, metric_family_names  # noqa: E402
 from retinabench.figures.style import (BASELINE_STYLE, FONT, MAX_HEIGHT_MM, domain_color,  # noqa: E402
                                        encoder_domain, figsize, save, suptitle)
 
@@ -115,7 +116,8 @@ _GAP_ROW_MM = 3.4
 
 
 def _metric_rows(df: pd.DataFrame, metric: str) -> pd.Series:
-    return df["metric"].isin([metric, f"{metric}_macro", f"{metric}_top_label"])
+    """Rows of ``metric``'s family: its binary and its multi-class name (auroc: auroc, auroc_macro)."""
+    return df["metric"].isin(metric_family_names(metric_family(metric)))
 
 
 def _reason_counts(rows: pd.DataFrame) -> dict[tuple[str, str], int]:
@@ -277,7 +279,7 @@ def subgroup_scatter(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> t
             skipped.append(_skip(attr, "no panel: no cell has values in both groups"))
             continue
         ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls=":")
-        if metric.startswith("auroc"):  # the chance level of each group (no group-level majority rate for AUROC)
+        if metric_family(metric) == "auroc":  # the chance level of each group (no group-level majority rate for AUROC)
             ax.axhline(0.5, zorder=0.5, **BASELINE_STYLE["chance"])
             ax.axvline(0.5, zorder=0.5, **BASELINE_STYLE["chance"])
         ax.set_xlim(0, 1.02)
@@ -287,7 +289,7 @@ def subgroup_scatter(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> t
         ax.set_ylabel(f"{metric}, {attr} = {gb}")
         handles = [Line2D([], [], marker=markers[d], ls="", color="0.3", label=d) for d in datasets
                    if d in set(sa["dataset"])]
-        if metric.startswith("auroc"):
+        if metric_family(metric) == "auroc":
             handles.append(Line2D([], [], **BASELINE_STYLE["chance"], label="chance (AUROC 0.5)"))
         handles += style.domain_handles(encoders, sorted(sa["encoder"].unique()))
         fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
@@ -307,7 +309,7 @@ def transfer_bars(tables: dict, encoders: dict, out_dir, sel: dict, *, groups: d
     m = tables["metrics"]
     if m.empty or not (m["source"] == "transfer").any():
         return [], [_skip("all", "no transfer predictions")]
-    m = m[(m["source"] == "transfer") & (m["threshold"] == "none") & m["metric"].isin(["auroc", "auroc_macro"])
+    m = m[(m["source"] == "transfer") & (m["threshold"] == "none") & m["metric"].isin(metric_family_names("auroc"))
           & (m["regime"] == sel["regime"])]
     if m.empty:
         return [], [_skip("all", f"no transfer AUROC rows in regime {sel['regime']}")]

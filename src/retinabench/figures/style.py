@@ -224,6 +224,8 @@ def save(fig, png_path, *, check: bool = True) -> list[str]:
     from pathlib import Path
 
     from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+    from retinabench.atomic import atomic_write
     png = Path(png_path)
     png.parent.mkdir(parents=True, exist_ok=True)
     pdf = png.with_suffix(".pdf")
@@ -244,8 +246,11 @@ def save(fig, png_path, *, check: bool = True) -> list[str]:
         saved.append({"path": str(png), "width_mm": w * MM_PER_INCH, "height_mm": h * MM_PER_INCH,
                       "width_px": int(round(w * PNG_DPI)), "height_px": int(round(h * PNG_DPI)),
                       "problems": problems})
-    fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
-    fig.savefig(pdf, metadata={"Creator": None, "Producer": None, "CreationDate": None})
+    # Each file atomically (a temporary name beside it, renamed): a killed job leaves no half-written figure.
+    atomic_write(png, lambda tmp: fig.savefig(tmp, format="png", dpi=PNG_DPI, metadata={"Software": None},
+                                              pil_kwargs={"compress_level": 1}))
+    atomic_write(pdf, lambda tmp: fig.savefig(tmp, format="pdf",
+                                              metadata={"Creator": None, "Producer": None, "CreationDate": None}))
     return [str(png), str(pdf)]
 
 

@@ -1,8 +1,8 @@
 """Calibration: ECE (binary on the positive-class probability; top-label for multi-class), reliability-diagram
 bins, negative log-likelihood, temperature scaling fitted on validation predictions.
 
-Bins: 10 equal-width bins, bin i holding (i/10, (i+1)/10] and 0 going to bin 0 (the convention of
-retinabench.metrics.classification's top-label ECE). ECE = sum_b (n_b / n) |mean(target)_b − mean(prob)_b|,
+Bins: 10 equal-width bins, bin i holding (i/10, (i+1)/10] and 0 going to bin 0 (:func:`ece_bins`, the one binning
+of every ECE of the benchmark: point estimates, bootstrap replicates, reliability diagrams). ECE = sum_b (n_b / n) |mean(target)_b − mean(prob)_b|,
 where (target, prob) is (y == positive, p_pos) for binary tasks and (top label correct, top-label confidence)
 for multi-class tasks.
 
@@ -14,28 +14,47 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize_scalar
-from scipy.special import log_softmax
-
-from retinabench.metrics.classification import binned_calibration_error, expected_calibration_error
-from retinabench.metrics.weighted import ece_bins
 
 EPS = 1e-7
 T_BOUNDS = (0.05, 20.0)
+N_BINS = 10
 
 
-def binary_ece(y_true, p_pos, n_bins: int = 10) -> float:
-    """ECE of the positive-class probability against the binary outcome."""
+def ece_bins(prob, n_bins: int = N_BINS) -> np.ndarray:
+    """Bin of each probability: bin i holds (i/n, (i+1)/n]; 0 goes to bin 0."""
+    prob = np.asarray(prob, dtype=np.float64)
+    return np.clip(np.ceil(prob * n_bins).astype(int) - 1, 0, n_bins - 1)
+
+
+def binned_calibration_error(target, prob, n_bins: int = N_BINS) -> float:
+    """Sum over equal-width probability bins of |mean target - mean prob| × bin weight."""
+    target = np.asarray(target, dtype=float)
+    prob = np.asarray(prob, dtype=float)
+    bins = ece_bins(prob, n_bins)
+    ece = 0.0
+    for b in range(n_bins):
+        m = bins == b
+        if m.any():
+            ece += m.mean() * abs(target[m].mean() - prob[m].mean())
+    return float(ece)
+
+
+def binary_ece(y_true, p_pos, n_bins: int = N_BINS) -> float:
+    """Positive-class ECE (metric ``ece``): the binned gap between P(y = positive) and p_pos (FOCUS)."""
     y = (np.asarray(y_true) == 1).astype(np.float64)
     if len(y) == 0:
         return float("nan")
     return binned_calibration_error(y, np.asarray(p_pos, dtype=np.float64), n_bins)
 
 
-def top_label_ece(y_true, proba, n_bins: int = 10) -> float:
+def top_label_ece(y_true, proba, n_bins: int = N_BINS) -> float:
+    """Top-label ECE (metric ``ece_top_label``): the binned gap between top-label accuracy and top-label
+    confidence."""
     if len(y_true) == 0:
         return float("nan")
-    return expected_calibration_error(np.asarray(y_true), np.asarray(proba, dtype=np.float64), n_bins)
+    proba = np.asarray(proba, dtype=np.float64)
+    correct = (proba.argmax(axis=1) == np.asarray(y_true)).astype(float)
+    return binned_calibration_error(correct, proba.max(axis=1), n_bins)
 
 
 def calibration_target(y_true, proba) -> tuple[np.ndarray, np.ndarray]:
@@ -79,11 +98,14 @@ def nll(y_true, proba) -> float:
 
 
 def apply_temperature(proba, temperature: float) -> np.ndarray:
+    from scipy.special import log_softmax  # scipy on use: the metric table (parse time) imports this module
     return np.exp(log_softmax(log_probs(proba) / float(temperature), axis=1))
 
 
 def fit_temperature(y_val, proba_val) -> tuple[float, str]:
     """Temperature minimising validation NLL; (1.0, reason) when there is nothing to fit on."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import log_softmax
     y = np.asarray(y_val, dtype=np.int64)
     if len(y) == 0:
         return 1.0, "no validation rows: T = 1"

@@ -4,7 +4,8 @@
 Hard-decision metrics (accuracy, balanced accuracy, F1, kappa) come from the ``y_pred`` each protocol wrote, as
 written: a protocol whose decision is not the argmax of its probabilities (a parsed MLLM answer, a validation-chosen
 threshold) is scored on its own decision. Probability metrics (AUROC, AUPRC, ECE) come from the ``p_<class>``
-columns.
+columns. Each metric is computed by its one function (retinabench.metrics.point), named in the metric table
+(retinabench.metrics.table), which also says which metrics this table reports (``METRICS_TABLE``).
 
 ECE vocabulary (the same in every table of the benchmark): ``ece`` is the positive-class ECE of binary tasks (the
 binned gap between P(y = positive) and p_pos; FOCUS), ``ece_top_label`` the top-label ECE (top-label accuracy vs
@@ -25,66 +26,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sklearn import metrics as skm
+
+from retinabench.metrics.calibration import N_BINS  # noqa: F401 (re-exported)
+from retinabench.metrics.point import INVALID_PRED, Scored, kappa_with_invalid  # noqa: F401 (re-exported)
+from retinabench.metrics.table import ANSWER_METRICS as ANSWER_METRIC_NAMES  # noqa: F401 (re-exported)
+from retinabench.metrics.table import METRICS_TABLE as METRIC_NAMES  # noqa: F401 (re-exported)
+from retinabench.metrics.table import METRICS, metrics_table_names
 
 GROUP_KEYS = ["dataset", "task", "encoder", "protocol", "seed", "regime", "split"]
-METRIC_NAMES = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece", "ece_top_label")
-N_BINS = 10
-# Generated-answer predictions (an ``answer`` column): the invalid-answer code and the metrics they add.
-INVALID_PRED = -1
-ANSWER_METRIC_NAMES = ("invalid_rate", "accuracy_valid")
-
-
-def binned_calibration_error(target: np.ndarray, prob: np.ndarray, n_bins: int = 10) -> float:
-    """Sum over equal-width probability bins of |mean target - mean prob| × bin weight.
-
-    Bin i holds (i/n, (i+1)/n]; a probability of 0 goes to bin 0.
-    """
-    target = np.asarray(target, dtype=float)
-    prob = np.asarray(prob, dtype=float)
-    bins = np.clip(np.ceil(prob * n_bins).astype(int) - 1, 0, n_bins - 1)
-    ece = 0.0
-    for b in range(n_bins):
-        m = bins == b
-        if m.any():
-            ece += m.mean() * abs(target[m].mean() - prob[m].mean())
-    return float(ece)
-
-
-def expected_calibration_error(y_true: np.ndarray, proba: np.ndarray, n_bins: int = 10) -> float:
-    """Top-label ECE: the binned gap between top-label accuracy and top-label confidence."""
-    correct = (proba.argmax(axis=1) == y_true).astype(float)
-    return binned_calibration_error(correct, proba.max(axis=1), n_bins)
-
-
-def positive_class_ece(y_true: np.ndarray, p_pos: np.ndarray, n_bins: int = N_BINS) -> float:
-    """Binary ECE of the positive-class probability against the outcome y == 1 (FOCUS)."""
-    return binned_calibration_error((np.asarray(y_true) == 1).astype(float), p_pos, n_bins)
-
-
-def kappa_with_invalid(y_true: np.ndarray, y_pred: np.ndarray, n_classes: int, *, ordinal: bool) -> float:
-    """Cohen's kappa (quadratic weights for ordinal tasks) with invalid predictions (``INVALID_PRED``) as an
-    extra category whose disagreement weight with every class is 1 (the maximum); equals sklearn's
-    ``cohen_kappa_score`` when nothing is invalid."""
-    k = n_classes + 1  # last category: invalid
-    cat_pred = np.where(y_pred == INVALID_PRED, n_classes, y_pred)
-    observed = np.zeros((k, k))
-    np.add.at(observed, (np.asarray(y_true), cat_pred), 1.0)
-    idx = np.arange(k)
-    if ordinal:
-        w = ((idx[:, None] - idx[None, :]) / max(1, n_classes - 1)) ** 2
-    else:
-        w = (idx[:, None] != idx[None, :]).astype(float)
-    w[n_classes, :] = w[:, n_classes] = 1.0
-    w[n_classes, n_classes] = 0.0
-    expected = np.outer(observed.sum(1), observed.sum(0)) / observed.sum()
-    denom = (w * expected).sum()
-    return float(1.0 - (w * observed).sum() / denom) if denom > 0 else float("nan")
 
 
 def metric_names(n_classes: int) -> tuple[str, ...]:
     """Metrics reported for a task with ``n_classes`` classes (multi-class: no positive-class ``ece``)."""
-    return METRIC_NAMES if n_classes == 2 else tuple(m for m in METRIC_NAMES if m != "ece")
+    return metrics_table_names(n_classes)
 
 
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, y_pred: np.ndarray, *,
@@ -92,55 +46,22 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, y_pred: np.nda
     """Metrics of one evaluated group: hard-decision metrics from ``y_pred`` (as written), the rest from
     ``proba``; keys :func:`metric_names`. ``answered``: generated-answer predictions, ``y_pred`` may hold
     ``INVALID_PRED``; the result also holds ``invalid_rate``, ``accuracy_valid`` and ``n_valid``."""
-    y_true = np.asarray(y_true)
-    proba = np.asarray(proba, dtype=float)
-    y_pred = np.asarray(y_pred)
-    n_classes = proba.shape[1]
-    labels = np.arange(n_classes)
-    if y_pred.shape != y_true.shape:
-        raise ValueError(f"y_pred has shape {y_pred.shape}, y_true {y_true.shape}")
-    present = np.unique(y_true)
-    if not answered:
-        out = {
-            "accuracy": skm.accuracy_score(y_true, y_pred),
-            "balanced_accuracy": skm.balanced_accuracy_score(y_true, y_pred),
-            "f1_macro": skm.f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0),
-            "kappa": skm.cohen_kappa_score(y_true, y_pred, labels=labels,
-                                           weights="quadratic" if ordinal else None),
-        }
-    else:
-        y_pred = y_pred.astype(np.int64)
-        bad = sorted(set(np.unique(y_pred).tolist()) - set(labels.tolist()) - {INVALID_PRED})
+    scored = Scored.of(y_true, proba, y_pred, ordinal=ordinal, answered=answered)
+    n_classes = scored.n_classes
+    if np.shape(y_pred) != np.shape(y_true):
+        raise ValueError(f"y_pred has shape {np.shape(y_pred)}, y_true {np.shape(y_true)}")
+    if answered:
+        bad = sorted(set(np.unique(scored.pred).tolist()) - set(range(n_classes)) - {INVALID_PRED})
         if bad:
             raise ValueError(f"y_pred values {bad} are neither a class index (0..{n_classes - 1}) nor the "
                              f"invalid-answer code {INVALID_PRED}")
-        valid = y_pred != INVALID_PRED
-        correct = y_pred == y_true
-        out = {
-            "accuracy": float(correct.mean()) if len(y_true) else float("nan"),
-            # recall of each present class, invalid answers being misses of their true class
-            "balanced_accuracy": float(np.mean([correct[y_true == c].mean() for c in present])),
-            # labels exclude the invalid code: an invalid answer is a false negative of its true class only
-            "f1_macro": skm.f1_score(y_true, y_pred, labels=labels, average="macro", zero_division=0),
-            "kappa": kappa_with_invalid(y_true, y_pred, n_classes, ordinal=ordinal),
-            "invalid_rate": float((~valid).mean()) if len(y_true) else float("nan"),
-            "accuracy_valid": float(correct[valid].mean()) if valid.any() else float("nan"),
-            "n_valid": int(valid.sum()),
-        }
-    out["ece_top_label"] = expected_calibration_error(y_true, proba, N_BINS)
-    if n_classes == 2:
-        out["ece"] = positive_class_ece(y_true, proba[:, 1], N_BINS)
-    if len(present) < 2:  # ranking metrics are undefined with one class present
+    names = [*metric_names(n_classes), *(ANSWER_METRIC_NAMES if answered else ())]
+    out = {name: float(METRICS[name].compute(scored)) for name in names}
+    if len(scored.present) < 2:  # ranking metrics are undefined with one class present
         out["auroc"] = out["auprc"] = float("nan")
-    elif n_classes == 2:
-        out["auroc"] = skm.roc_auc_score(y_true, proba[:, 1])
-        out["auprc"] = skm.average_precision_score(y_true, proba[:, 1])
-    else:
-        onehot = np.eye(n_classes)[y_true]
-        cols = [k for k in labels if onehot[:, k].any()]  # a class absent from y_true has no OvR curve
-        out["auroc"] = skm.roc_auc_score(onehot[:, cols], proba[:, cols], average="macro")
-        out["auprc"] = skm.average_precision_score(onehot[:, cols], proba[:, cols], average="macro")
-    return {k: (v if k == "n_valid" else float(v)) for k, v in out.items()}
+    if answered:
+        out["n_valid"] = int((scored.pred != INVALID_PRED).sum())
+    return out
 
 
 def has_answers(predictions: pd.DataFrame) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from retinabench.metrics.table import metric_family, metric_family_names
 from retinabench.metrics.thresholds import point_metrics
 from retinabench.metrics.weighted import cluster_weights, percentile_ci, weighted_metrics
 
@@ -134,7 +135,7 @@ def _gap_metrics(binary: bool, kind: str = "fairness") -> tuple[str, ...]:
 
 def _requirement(metric: str, binary: bool, y: np.ndarray) -> str | None:
     """Why ``metric`` is undefined on rows with labels ``y`` (None when it is defined)."""
-    base = metric.removesuffix("_macro")
+    base = metric_family(metric)
     if base == "tpr" and binary and not (y == 1).any():
         return "no positive rows"
     if base == "fpr" and binary and not (y == 0).any():
@@ -262,7 +263,7 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
 # summary scores
 # --------------------------------------------------------------------------------------------------------------
 def _component(metric: str, kind: str) -> str | None:
-    base = metric.removesuffix("_macro").removesuffix("_top_label")
+    base = metric_family(metric)
     return base if base in SCORE_COMPONENTS[kind] else None
 
 
@@ -298,7 +299,7 @@ def shift_scores(metrics: pd.DataFrame, tasks: dict[str, dict], *, keys: list[st
     groups = harmonised_groups({t: tasks[t] for t in sorted(set(metrics["task"])) if t in tasks})
     rows = []
     for group, names in groups.items():
-        part = metrics[metrics["task"].isin(names) & metrics["metric"].isin(["auroc", "auroc_macro"])]
+        part = metrics[metrics["task"].isin(names) & metrics["metric"].isin(metric_family_names("auroc"))]
         for key, cell in part.groupby(keys, sort=True, dropna=False):
             per = cell.groupby("dataset")["value"].mean().dropna()
             base = dict(zip(keys, key if isinstance(key, tuple) else (key,)))

@@ -7,7 +7,8 @@ chosen threshold is fixed on the validation rows of the model's own training dat
 test rows and to every other dataset it is evaluated on. Multi-class tasks use ``y_pred`` only. :func:`predict`
 also knows ``argmax`` (the most probable class; binary: p_pos > 0.5, ties to the negative class).
 
-Point metrics come from scikit-learn (binary: AUROC, AUPRC = average precision, accuracy, F1 of the positive
+Point metrics (:func:`point_metrics`) have the reliability tables' names (the metric table's
+``RELIABILITY_BINARY`` / ``RELIABILITY_MULTICLASS``), each computed by its function in retinabench.metrics.point (binary: AUROC, AUPRC = average precision, accuracy, F1 of the positive
 class, ``ece`` on the positive-class probability and ``ece_top_label``; multi-class: macro one-vs-rest AUROC/AUPRC
 over classes present, accuracy, macro F1, ``ece_top_label``; both: TPR/FPR (macro for multi-class), predicted-positive rate for binary).
 
@@ -21,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn import metrics as skm
 
-from retinabench.metrics.calibration import binary_ece, top_label_ece
-from retinabench.metrics.weighted import BINARY_METRICS, MULTICLASS_METRICS
+from retinabench.metrics.point import Scored
+from retinabench.metrics.table import metric, reliability_names, threshold_free
 
 THRESHOLD_RULES = ("youden", "f1")
 DEFAULT_THRESHOLD = 0.5
@@ -72,83 +73,20 @@ def predict(proba: np.ndarray, rule: str, threshold: float | None = None) -> np.
 
 
 def metric_names(n_classes: int) -> tuple[str, ...]:
-    return BINARY_METRICS if n_classes == 2 else MULTICLASS_METRICS
+    return reliability_names(n_classes)
 
 
-THRESHOLD_FREE = {"auroc", "auprc", "ece", "auroc_macro", "auprc_macro", "ece_top_label"}
-
-
-def base_metric(name: str) -> str:
-    """Metric family of a name: auroc_macro -> auroc, ece_top_label -> ece (for BH families and scores)."""
-    return name.removesuffix("_macro").removesuffix("_top_label")
+THRESHOLD_FREE = threshold_free()
 
 
 def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10) -> dict[str, float]:
-    """scikit-learn point estimates of ``names`` (see the module docstring); undefined values are NaN."""
-    y = np.asarray(y_true, dtype=np.int64)
-    proba = np.asarray(proba, dtype=np.float64)
-    pred = np.asarray(pred, dtype=np.int64)
-    k = proba.shape[1]
-    labels = np.arange(k)
-    present = np.unique(y)
+    """Point estimates of ``names`` (see the module docstring and retinabench.metrics.point); undefined values
+    are NaN, every value NaN without rows."""
+    scored = Scored.of(y_true, proba, pred, n_bins=n_bins)
+    k = scored.n_classes
     out: dict[str, float] = {}
-    cms: dict[str, np.ndarray] = {}  # one confusion matrix per call (sklearn's input checks dominate the cost)
-
-    def confusion(binary: bool) -> np.ndarray:
-        """Confusion matrix over the classes plus a last column for the invalid code (-1): rows are true classes."""
-        key = "binary" if binary else "all"
-        if key not in cms:
-            cms[key] = skm.confusion_matrix(y, pred, labels=[*([0, 1] if binary else labels), -1])[:-1]
-        return cms[key]
-
     for name in names:
         if name not in metric_names(k):
             raise KeyError(f"metric {name!r} is not defined for {'binary' if k == 2 else f'{k}-class'} tasks")
-        if len(y) == 0:
-            out[name] = float("nan")
-        elif name == "accuracy":
-            out[name] = np.trace(confusion(k == 2)) / len(y)  # = skm.accuracy_score (an invalid decision: wrong)
-        elif name == "auroc":
-            out[name] = skm.roc_auc_score(y, proba[:, 1]) if len(present) == 2 else float("nan")
-        elif name == "auprc":
-            out[name] = skm.average_precision_score(y, proba[:, 1]) if 1 in present else float("nan")
-        elif name in ("auroc_macro", "auprc_macro"):
-            if len(present) < 2:
-                out[name] = float("nan")
-                continue
-            onehot = np.eye(k)[y]
-            fn = skm.roc_auc_score if name == "auroc_macro" else skm.average_precision_score
-            out[name] = fn(onehot[:, present], proba[:, present], average="macro")
-        elif name == "f1":
-            # = skm.f1_score(pos_label=1, zero_division=0), which refuses the invalid code as a third label
-            cm = confusion(True)
-            tp, fp, fn = cm[1, 1], cm[0, 1], cm[1].sum() - cm[1, 1]
-            out[name] = 2 * tp / (2 * tp + fp + fn) if 2 * tp + fp + fn else 0.0
-        elif name == "f1_macro":
-            out[name] = skm.f1_score(y, pred, labels=labels, average="macro", zero_division=0)
-        elif name == "ece":
-            out[name] = binary_ece(y, proba[:, 1], n_bins)
-        elif name == "ece_top_label":
-            out[name] = top_label_ece(y, proba, n_bins)
-        elif name == "ppr":
-            out[name] = float(np.mean(pred == 1))
-        elif name in ("tpr", "fpr"):
-            cm = confusion(True)
-            tp, fp = cm[1, 1], cm[0, 1]
-            fn, tn = cm[1].sum() - tp, cm[0].sum() - fp
-            den = tp + fn if name == "tpr" else fp + tn
-            out[name] = (tp if name == "tpr" else fp) / den if den else float("nan")
-        elif name in ("tpr_macro", "fpr_macro"):
-            cm = confusion(False)
-            vals = []
-            for c in labels:
-                tp = cm[c, c]
-                fn = cm[c].sum() - tp
-                fp = cm[:, c].sum() - tp
-                tn = cm.sum() - tp - fn - fp
-                if name == "tpr_macro" and tp + fn:
-                    vals.append(tp / (tp + fn))
-                elif name == "fpr_macro" and fp + tn:
-                    vals.append(fp / (fp + tn))
-            out[name] = float(np.mean(vals)) if vals else float("nan")
-    return {k_: float(v) for k_, v in out.items()}
+        out[name] = float(metric(name).compute(scored)) if len(scored.y) else float("nan")
+    return out

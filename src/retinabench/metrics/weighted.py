@@ -20,9 +20,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-BINARY_METRICS = ("auroc", "auprc", "accuracy", "f1", "ece", "ece_top_label", "ppr", "tpr", "fpr")
-MULTICLASS_METRICS = ("auroc_macro", "auprc_macro", "accuracy", "f1_macro", "ece_top_label", "tpr_macro",
-                      "fpr_macro")
+from retinabench.metrics.calibration import ece_bins
+from retinabench.metrics.table import RELIABILITY_BINARY as BINARY_METRICS
+from retinabench.metrics.table import RELIABILITY_MULTICLASS as MULTICLASS_METRICS
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -121,12 +121,6 @@ def w_average_precision(y, score, W):
     precision = np.nan_to_num(_ratio(tp, tp + fp))  # a block with no weight adds no recall, so 0 is harmless
     P = wp.sum(1)
     return _out(_ratio((wp * precision).sum(1), P), sq)
-
-
-def ece_bins(prob, n_bins: int = 10) -> np.ndarray:
-    """Bin of each probability: bin i holds (i/n, (i+1)/n]; 0 goes to bin 0 (the classification.py convention)."""
-    prob = np.asarray(prob, dtype=np.float64)
-    return np.clip(np.ceil(prob * n_bins).astype(int) - 1, 0, n_bins - 1)
 
 
 def w_ece(target, prob, W, n_bins: int = 10):

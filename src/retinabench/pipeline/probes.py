@@ -28,8 +28,9 @@ def stage_frozen(job: Job) -> None:
         from retinabench.data.splits import regime_rows
         from retinabench.protocols.knn import resolve_k
         k = (p.get("knn") or {}).get("k", 20)
-        extra["knn_k"] = {r: resolve_k(k, len(regime_rows(split, "train", r == "b")))
-                          for r in sorted({x.split("-")[0] for x in p["regimes"]})}
+        from retinabench.regimes import is_balanced, train_sides
+        extra["knn_k"] = {r: resolve_k(k, len(regime_rows(split, "train", is_balanced(r))))
+                          for r in train_sides(p["regimes"])}
     write_outputs(job, written=[job.output["predictions"], job.output["log"]], config={"task": task, "protocols": p},
               seed=p["seeds"], extra=extra)
     metrics = metrics_table(preds, {task["name"]: task})

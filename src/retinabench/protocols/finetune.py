@@ -46,6 +46,7 @@ from retinabench.atomic import atomic_path, write_text_atomic
 from retinabench.hashing import sha256_file
 from retinabench.protocols.augment import augment_batch, build_train_transform
 from retinabench.protocols.common import class_weights, make_scheduler, predictions_frame
+from retinabench.regimes import Regime, is_balanced, parse_regimes, train_sides, trained_on
 from retinabench.settings import (AUGMENT_DEFAULTS, FINETUNE_DEFAULTS,  # noqa: F401  (re-exported)
                                  FINETUNE_PROTOCOLS, augment_settings, finetune_settings)
 
@@ -569,17 +570,15 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
     from retinabench.models.encoder import build_encoder
     if protocol not in FINETUNE_PROTOCOLS:
         raise ValueError(f"unknown fine-tuning protocol {protocol!r}; expected one of {FINETUNE_PROTOCOLS}")
-    bad = [r for r in regimes if r not in ("u-u", "u-b", "b-b", "b-u")]
-    if bad or not regimes:
-        raise ValueError(f"regimes must be a non-empty subset of u-u, u-b, b-b, b-u; got {regimes}")
+    parse_regimes(regimes, "fine-tuning regimes")
     encoder = encoder or build_encoder(encoder_entry)
     classes, n_classes = list(task["classes"]), len(task["classes"])
     id_to_row = dict(zip(index["image_id"], index["row"].astype(np.int64)))
     st = Path(array_path).stat()  # a rebuilt cache (same name and size, new content) gets a new mtime
     cache_id = {"array": Path(array_path).name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
     preds, logs, computes, kept = [], [], [], {}
-    for train_regime in sorted({r.split("-")[0] for r in regimes}):
-        bal = train_regime == "b"
+    for train_regime in train_sides(regimes):
+        bal = is_balanced(train_regime)
         tr, tr_idx = _rows(split, id_to_row, "train", bal)
         va, va_idx = _rows(split, id_to_row, "val", bal)
         weight = None if bal else class_weights(tr["y"].to_numpy(), n_classes)
@@ -606,12 +605,12 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
 
         proba_val = proba(va_idx, va["y"].to_numpy())
         # One pass over the test images a regime needs: the balanced test rows are a subset of all test rows.
-        test_regimes = [r for r in regimes if r.startswith(train_regime + "-")]
-        need_all = any(r.endswith("-u") for r in test_regimes)
+        test_regimes = trained_on(regimes, train_regime)
+        need_all = any(not Regime.parse(r).test_balanced for r in test_regimes)
         te_all, te_idx = _rows(split, id_to_row, "test", not need_all)
         proba_te = proba(te_idx, te_all["y"].to_numpy())
         for regime in test_regimes:
-            subset = need_all and regime.endswith("-b")
+            subset = need_all and Regime.parse(regime).test_balanced
             mask = te_all["balanced"].to_numpy() if subset else np.ones(len(te_all), bool)
             common = dict(dataset=task["dataset"], task=task["name"], encoder=encoder_entry["name"],
                           protocol=protocol, seed=seed, regime=regime)

@@ -17,6 +17,7 @@ import pandas as pd
 from retinabench.data.splits import regime_rows
 from retinabench.protocols.common import predictions_frame
 from retinabench.protocols.registry import PROTOCOLS, frozen_protocols
+from retinabench.regimes import Regime, is_balanced, train_sides, trained_on
 
 FROZEN_PROTOCOLS = tuple(frozen_protocols())  # every `features` protocol of the registry
 
@@ -38,16 +39,16 @@ def run_frozen(ids: pd.Index, feats: np.ndarray, split: pd.DataFrame, task: dict
     n_classes = len(classes)
     id_to_row = {image_id: i for i, image_id in enumerate(ids)}
     preds, logs = [], []
-    train_regimes = sorted({r.split("-")[0] for r in regimes})
+    train_regimes = train_sides(regimes)
     from retinabench.progress import Progress
     bar = Progress(len(train_regimes) * sum(1 if spec.deterministic else len(seeds) for spec in specs),
                    f"frozen probes {encoder}/{task['name']}", unit="fits")
     for train_regime in train_regimes:
-        bal = train_regime == "b"
+        bal = is_balanced(train_regime)
         tr, tr_idx = _rows(split, id_to_row, "train", bal)
         va, va_idx = _rows(split, id_to_row, "val", bal)
-        tests = {r: _rows(split, id_to_row, "test", r.split("-")[1] == "b")
-                 for r in regimes if r.startswith(train_regime + "-")}
+        tests = {r: _rows(split, id_to_row, "test", Regime.parse(r).test_balanced)
+                 for r in trained_on(regimes, train_regime)}
         xtr, ytr = feats[tr_idx], tr["y"].to_numpy()
         queries = [("val", va, va_idx)] + [(r, rows, idx) for r, (rows, idx) in tests.items()]
         for spec in specs:

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-REGIMES = ("u-u", "u-b", "b-u", "b-b")
+from retinabench.regimes import parse_regimes
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,7 @@ def _settings_from(cls, section: Mapping[str, Any] | None, where: str):
         section["prompt_sets"] = tuple(section["prompt_sets"])
     if "regimes" in section:
         section["regimes"] = tuple(section["regimes"])
-        bad = [r for r in section["regimes"] if r not in REGIMES]
-        if bad or not section["regimes"]:
-            raise ValueError(f"{where}: regimes {list(section['regimes'])}; each must be one of {REGIMES}")
+        parse_regimes(section["regimes"], f"{where}: regimes")
     out = cls(**section)
     if int(out.batch_size) < 1:
         raise ValueError(f"{where}: batch_size must be >= 1, got {out.batch_size}")

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.protocols.finetune import DivergedError, TrainConfig, run_finetune
+from retinabench.regimes import train_sides
 from retinabench.settings import SWEEP_DEFAULTS, encoder_grid, sweep_settings, sweep_tasks  # noqa: F401
 from retinabench.settings import SWEEP_STAGES as STAGES
 
@@ -85,7 +86,7 @@ def run_sweep_stage(stage: int, array_path, index: pd.DataFrame, split: pd.DataF
             except DivergedError as err:
                 # A diverged learning rate is a sweep result (val loss +inf), not a failure of the sweep.
                 log(f"sweep stage {stage}: {lr_name}={lr:g} seed {seed} diverged: {err}")
-                for train_regime in sorted({r.split("-")[0] for r in regimes}):
+                for train_regime in train_sides(regimes):
                     runs.append({"encoder": encoder_entry["name"], "task": task["name"], "protocol": protocol,
                                  "seed": seed, "train_regime": train_regime, "best_val_loss": np.inf,
                                  "best_epoch": -1, "diverged": True, "train_seconds": np.nan, **lrs})

@@ -17,6 +17,7 @@ import pandas as pd
 from retinabench.data.splits import regime_rows
 from retinabench.protocols.common import predictions_frame
 from retinabench.protocols.registry import PROTOCOLS
+from retinabench.regimes import Regime, is_balanced, train_sides, trained_on
 
 
 def _rows(split: pd.DataFrame, ids: pd.Index, part: str, balanced: bool, where: str):
@@ -54,17 +55,16 @@ def run_transfer(tasks: list[dict], features: dict[str, tuple[pd.Index, np.ndarr
     out = []
     for src in tasks:
         ids, feats = features[src["dataset"]]
-        for train_regime in sorted({r.split("-")[0] for r in regimes}):
-            bal = train_regime == "b"
+        for train_regime in train_sides(regimes):
+            bal = is_balanced(train_regime)
             tr, tr_idx = _rows(splits[src["name"]], ids, "train", bal, src["name"])
             va, va_idx = _rows(splits[src["name"]], ids, "val", bal, src["name"])
             queries = [("val", src, va, feats[va_idx])]
-            for r in regimes:
-                if not r.startswith(train_regime + "-"):
-                    continue
+            for r in trained_on(regimes, train_regime):
                 for tgt in tasks:
                     tids, tfeats = features[tgt["dataset"]]
-                    rows, idx = _rows(splits[tgt["name"]], tids, "test", r.split("-")[1] == "b", tgt["name"])
+                    rows, idx = _rows(splits[tgt["name"]], tids, "test", Regime.parse(r).test_balanced,
+                                      tgt["name"])
                     queries.append((r, tgt, rows, tfeats[idx]))
             xtr, ytr = feats[tr_idx], tr["y"].to_numpy()
             for spec in (PROTOCOLS.get(name) for name in protocols):

@@ -114,11 +114,12 @@ def class_embeddings(dual: DualEncoder, prompts: ZeroShotPrompts) -> np.ndarray:
 def regime_queries(split: pd.DataFrame, regimes: Sequence[str]) -> list[tuple[str, str, pd.DataFrame]]:
     """(regime, split part, rows) for each regime: validation rows of the training choice and the test rows."""
     from retinabench.data.splits import regime_rows
+    from retinabench.regimes import Regime
     out = []
     for regime in regimes:
-        train, test = regime.split("-")
-        out.append((regime, "val", regime_rows(split, "val", train == "b")))
-        out.append((regime, "test", regime_rows(split, "test", test == "b")))
+        parsed = Regime.parse(regime)
+        out.append((regime, "val", regime_rows(split, "val", parsed.train_balanced)))
+        out.append((regime, "test", regime_rows(split, "test", parsed.test_balanced)))
     return out
 
 

@@ -29,8 +29,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-DELTA_METRICS = ("auroc", "auprc", "accuracy", "f1", "ece")
-LOWER_IS_BETTER = frozenset({"ece", "invalid_rate"})
+from retinabench.metrics.table import display_name, higher_is_better
+
+DELTA_METRICS = ("auroc", "auprc", "accuracy", "f1", "ece")   # metric families (binary yes/no tasks)
 VARIANTS = ("invalid_wrong", "valid_both")
 UNITS = ("patient", "image")
 IN_DOMAIN, OUT_OF_DOMAIN = "in-domain", "out-of-domain"
@@ -204,7 +205,7 @@ def adapter_deltas(base: pd.DataFrame, adapted: pd.DataFrame, manifest: pd.DataF
     comp = pd.DataFrame(rows)
     if comp.empty:
         comp = pd.DataFrame(columns=comp_cols)
-    comp["higher_is_better"] = ~comp["metric"].isin(LOWER_IS_BETTER)
+    comp["higher_is_better"] = comp["metric"].map(higher_is_better).astype(bool)
     comp["bh_family"] = comp["variant"].astype(str) + ":" + comp["metric_family"].astype(str)
     bh_within_families(comp, family="bh_family")
     comp = comp.drop(columns="bh_family").reindex(columns=comp_cols)
@@ -222,7 +223,7 @@ def adapter_deltas(base: pd.DataFrame, adapted: pd.DataFrame, manifest: pd.DataF
         parts.append(overall)
     dom = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=dom_cols)
     if len(dom):
-        dom["higher_is_better"] = ~dom["metric_family"].isin(LOWER_IS_BETTER)
+        dom["higher_is_better"] = dom["metric_family"].map(higher_is_better).astype(bool)
         dom["bh_family"] = dom["variant"].astype(str) + ":" + dom["metric_family"].astype(str)
         bh_within_families(dom, family="bh_family")
     dom = dom.reindex(columns=dom_cols)
@@ -231,8 +232,8 @@ def adapter_deltas(base: pd.DataFrame, adapted: pd.DataFrame, manifest: pd.DataF
 
 # --- Table 5 --------------------------------------------------------------------------------------------------
 TABLE5_METRICS = ("auroc", "auprc", "accuracy", "f1", "ece", "invalid_rate")
-_LABELS = {"auroc": "ΔAUROC", "auprc": "ΔAUPRC", "accuracy": "ΔAccuracy", "f1": "ΔF1", "ece": "ΔECE (lower better)",
-           "invalid_rate": "ΔInvalid rate"}
+# FOCUS Table 5's column headers: Δ and the metric's display name; the ECE header says its direction.
+_LABELS = {m: f"Δ{display_name(m)}" for m in TABLE5_METRICS} | {"ece": "ΔECE (lower better)"}
 
 
 def _stars(q: float) -> str:

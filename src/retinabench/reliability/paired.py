@@ -7,10 +7,8 @@ import itertools
 import numpy as np
 import pandas as pd
 
+from retinabench.metrics.table import reliability_name
 
-
-PAIRED_VARIANTS = {"auroc": ("auroc", "auroc_macro"), "auprc": ("auprc", "auprc_macro"),
-                   "accuracy": ("accuracy", "accuracy"), "f1": ("f1", "f1_macro"), "ece": ("ece", "ece_top_label")}
 MODEL_KEYS = ("source", "encoder", "protocol")
 
 
@@ -123,7 +121,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
                                "the manifest")
             units = patients.astype(str) if boot_unit == "patient" else np.asarray(common, dtype=str)
             W = cluster_weights(units, n_boot, make_rng(boot["seed"], "paired", train_task, task, len(common)))
-            names = [PAIRED_VARIANTS[m][0 if len(classes) == 2 else 1] for m in p["metrics"]]
+            names = [reliability_name(m, len(classes)) for m in p["metrics"]]  # p["metrics"]: metric families
             values, reps = paired_metric_replicates(per_seed, common, y, pcols, names, W, n_bins=n_bins)
             for base_name, m in zip(p["metrics"], names):
                 d = reps["b"][m] - reps["a"][m]

@@ -11,9 +11,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from retinabench.regimes import BALANCED, UNBALANCED
 from retinabench.stats.ranks import select
-
-UNBALANCED, BALANCED = "u-u", "b-b"  # training and test data both unbalanced / both class-balanced
 
 
 EXACT_MAX_N = 8  # up to 8! = 40320 pairings the permutation p-value is exact and fast

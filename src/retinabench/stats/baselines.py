@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.data.splits import regime_rows
+from retinabench.regimes import Regime
 
 COLUMNS = ["dataset", "task", "regime", "split", "metric", "majority", "chance", "n", "n_classes", "majority_class",
            "majority_share"]
@@ -42,15 +43,15 @@ def task_baselines(split: pd.DataFrame, task: dict, regimes: list[str]) -> pd.Da
     k = len(classes)
     rows = []
     for regime in regimes:
-        train_kind, test_kind = regime.split("-")
-        train = regime_rows(split, "train", train_kind == "b")
+        parsed = Regime.parse(regime)
+        train = regime_rows(split, "train", parsed.train_balanced)
         if train.empty:
             raise ValueError(f"baselines: task {task['name']!r} has no training rows in regime {regime}")
         counts = np.bincount(train["y"].to_numpy(dtype=int), minlength=k).astype(float)
         prior = counts / counts.sum()
         majority = int(np.argmax(counts))
-        for part, kind in (("val", train_kind), ("test", test_kind)):
-            rows_ = regime_rows(split, part, kind == "b")
+        for part, balanced in (("val", parsed.train_balanced), ("test", parsed.test_balanced)):
+            rows_ = regime_rows(split, part, balanced)
             if rows_.empty:
                 continue
             y = rows_["y"].to_numpy(dtype=int)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 from scipy.stats import rankdata
 
+from retinabench.metrics.table import higher_is_better  # noqa: F401 (re-exported: the ranks' direction)
+
 RANK_KEYS = ["task", "protocol", "regime"]
 
 
@@ -37,18 +39,6 @@ def rank_summary(ranks: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- extensions for the analysis layer -------------------------------------------------------------------------
-
-# Direction of every metric the METRICS schema records (ECE: lower is better).
-HIGHER_IS_BETTER = {"accuracy": True, "balanced_accuracy": True, "auroc": True, "auprc": True, "f1_macro": True,
-                    "kappa": True, "ece": False, "ece_top_label": False}
-
-
-def higher_is_better(metric: str) -> bool:
-    try:
-        return HIGHER_IS_BETTER[metric]
-    except KeyError:
-        raise KeyError(f"unknown metric {metric!r}; known: {sorted(HIGHER_IS_BETTER)}") from None
-
 
 def rank_tables(metrics: pd.DataFrame, metric_names: list[str], split: str = "test") -> pd.DataFrame:
     """:func:`rank_table` for several ranking metrics at once (column ``metric`` tells them apart)."""

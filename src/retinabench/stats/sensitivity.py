@@ -20,7 +20,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from retinabench.schemas import METRICS
-from retinabench.stats.ranks import higher_is_better
+from retinabench.metrics.table import higher_is_better
 
 SWEEP_COLUMNS = [*METRICS.names, "lr"]
 SWEEP_SENSITIVITY_COLUMNS = ["encoder", "task", "protocol", "regime", "split", "metric", "lr_optimal",

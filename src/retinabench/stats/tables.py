@@ -7,7 +7,8 @@ import math
 
 import pandas as pd
 
-from retinabench.stats.ranks import higher_is_better, seed_means
+from retinabench.metrics.table import higher_is_better, metric as metric_entry
+from retinabench.stats.ranks import seed_means
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
@@ -142,7 +143,7 @@ def ranking_latex(table: pd.DataFrame, *, encoder_order: list[str]) -> str:
         base = ""
         if with_base:
             maj, cha = float(dm["mean_majority"].mean()), float(dm["mean_chance"].mean())
-            pct = (lambda v: f"{100 * v:.1f}\\%") if metric != "kappa" else (lambda v: f"{v:.2f}")
+            pct = (lambda v: f"{100 * v:.1f}\\%") if metric_entry(metric).percent else (lambda v: f"{v:.2f}")
             base = (rf". Cells: mean rank $\pm$ sd; mean test {latex_escape(metric)} over tasks; in brackets the "
                     rf"number of tasks on which the encoder is not above the majority-class level. Majority-class "
                     rf"predictor: {pct(maj) if maj == maj else 'n/a'}, chance: {pct(cha) if cha == cha else 'n/a'} "
@@ -161,7 +162,7 @@ def ranking_latex(table: pd.DataFrame, *, encoder_order: list[str]) -> str:
                 r = cell.loc[(enc, p)]
                 text = f"{r['mean_rank']:.2f}" + ("" if r["sd_rank"] != r["sd_rank"] else rf" $\pm$ {r['sd_rank']:.2f}")
                 if with_base:
-                    score = f"{100 * r['mean_score']:.1f}" if metric != "kappa" else f"{r['mean_score']:.2f}"
+                    score = f"{100 * r['mean_score']:.1f}" if metric_entry(metric).percent else f"{r['mean_score']:.2f}"
                     text += f"; {score} [{int(r['n_tasks_not_above_majority'])}]"
                 cells.append(text)
             lines.append(latex_escape(enc) + " & " + " & ".join(cells) + r" \\")

@@ -92,8 +92,9 @@ def run_demo(out: str | Path, *, n_patients: int = 40, repo: str | Path | None =
               "ece_difference": ece_difference(preds, tasks),
               "answer_counts": answer_counts(preds[preds["protocol"].str.startswith("mllm")
                                                    & ~preds["protocol"].str.startswith("mllm_renorm")])}
+    from retinabench.atomic import atomic_write
     for k in ("subgroups", "gaps", "prompt_sensitivity", "ece_difference", "answer_counts"):
-        result[k].to_csv(out / f"{k}.csv", index=False)
+        atomic_write(out / f"{k}.csv", lambda tmp: result[k].to_csv(tmp, index=False))  # noqa: B023 (called at once)
     test = metrics[(metrics["split"] == "test")]
     wide = test.pivot_table(index=["encoder", "protocol"], columns="metric", values="value")
     cols = [c for c in ("accuracy", "accuracy_valid", "invalid_rate", "auroc", "ece") if c in wide.columns]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.regimes import train_sides
 from retinabench.settings import FINETUNE_PROTOCOLS, SWEEP_STAGES, encoder_grid, finetune_settings, sweep_settings, sweep_tasks
 
 # What a job's result depends on (its params: editing anything else, e.g. the task list, reruns nothing).
@@ -16,7 +17,8 @@ RUNTIME = {"tiny": 30, "small": 45, "base": 90, "large": 180, "huge": 360, "gian
 
 
 def train_regimes(regimes) -> int:
-    return len({r.split("-")[0] for r in regimes})
+    """How many models one fine-tuning job trains: one per training side of its regimes."""
+    return len(train_sides(regimes))
 
 
 class FinetunePlan:

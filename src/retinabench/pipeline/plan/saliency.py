@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from retinabench.pipeline.plan.core import CorePlan, alternatives
 from retinabench.pipeline.plan.finetune import FinetunePlan
+from retinabench.regimes import trained_on
 from retinabench.settings import COMPUTE_NOT_RESULT, SALIENCY_NOT_RESULT, compute_settings, saliency_settings
 from retinabench.workflow_plan import device_problems, unpinned_encoders
 
@@ -36,7 +37,7 @@ class SaliencyPlan:
                "tasks": sorted(set(self.tasks) - set(ft.tasks)),
                "protocols": sorted(set(self.protocols) - set(ft.protocols)),
                "checkpoint_seed": [] if self.seed in ft.seeds else [self.seed],
-               "train_regime": ([] if any(r.startswith(s["train_regime"] + "-") for r in ft.regimes)
+               "train_regime": ([] if trained_on(ft.regimes, s["train_regime"])
                                 else [s["train_regime"]])}
         bad = {k: v for k, v in bad.items() if v}
         if bad:

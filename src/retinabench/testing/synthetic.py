@@ -10,9 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from retinabench.metrics.table import METRICS_TABLE as ALL_METRICS
+from retinabench.metrics.table import higher_is_better
+from retinabench.regimes import Regime
 from retinabench.schemas import METRICS
-
-ALL_METRICS = ("accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa", "ece", "ece_top_label")
 DOMAINS = ("natural", "cfp", "oct", "cfp+oct", "pathology", "radiology", "none")
 METHODS = ("supervised", "MAE", "DINOv2 self-distillation", "CLIP", "random initialisation")
 FAMILIES = ("dr_staging", "glaucoma", "dme", "amd", "myopia")
@@ -68,8 +69,8 @@ def synthetic_metrics(encoders: dict[str, dict], tasks: dict[str, dict], *, prot
              + np.array([interaction[(e, p)] for e, p in zip(df["encoder"], df["protocol"])])
              + np.array([task_fit[(e, t)] for e, t in zip(df["encoder"], df["task"])])
              + rng.normal(0, 0.01, n))
-    is_ece = df["metric"].isin(["ece", "ece_top_label"]).to_numpy()
-    value = np.where(is_ece, np.clip(0.3 - 0.3 * value, 0.0, 1.0), np.clip(value, 0.0, 1.0))
+    lower_better = ~df["metric"].map(higher_is_better).astype(bool).to_numpy()  # ECE: skill lowers it
+    value = np.where(lower_better, np.clip(0.3 - 0.3 * value, 0.0, 1.0), np.clip(value, 0.0, 1.0))
     df["value"] = value
     df["dataset"] = df["task"].map({t: m["dataset"] for t, m in tasks.items()})
     df["n"] = 200
@@ -154,7 +155,7 @@ def synthetic_baselines(tasks: dict[str, dict], *, regimes=("u-u", "b-b"), split
     for t, m in tasks.items():
         share = float(np.round(rng.uniform(0.5, 0.8), 3))
         for regime in regimes:
-            s = 0.5 if regime.endswith("-b") else share
+            s = 0.5 if Regime.parse(regime).test_balanced else share
             chance = chance_levels(np.array([s, 1 - s]))
             majority = {"accuracy": s, "balanced_accuracy": 0.5, "auroc": 0.5, "auprc": 1 - s,
                         "f1_macro": s / (1 + s), "kappa": 0.0, "ece": 0.0, "ece_top_label": 0.0}

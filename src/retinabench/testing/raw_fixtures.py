@@ -6,114 +6,15 @@ trailing spaces in headers, title rows above an XLSX header, unlabelled partitio
 onto per-eye images, missing and unlisted images) so the tests can check how the adapter records them.
 
 ``write_fixture(name, data_root)`` writes dataset ``name``'s fixture under ``data_root / <registry root>``.
-Nothing here is committed as binary: every file is generated.
+The files themselves come from retinabench.testing.raw_files; nothing is committed as binary.
 """
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-from PIL import Image
-
-SIZE = 64
-
-
-# ------------------------------------------------------------------------------------------ phantom images
-def phantom_array(seed: int, size: int = SIZE, grey: bool = False) -> np.ndarray:
-    """A small fundus-like (or, grey, B-scan-like) uint8 image, different for each seed."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:size, 0:size] / size
-    if grey:
-        layers = 0.5 + 0.5 * np.sin((yy + rng.uniform(0, 1)) * 12)
-        img = (layers * 200 + rng.normal(0, 10, (size, size))).clip(0, 255)
-        return img.astype(np.uint8)
-    r = np.hypot(xx - 0.5, yy - 0.5)
-    field = (r < 0.45).astype(float)
-    disc = np.exp(-((xx - rng.uniform(0.3, 0.7)) ** 2 + (yy - 0.5) ** 2) / 0.004)
-    base = np.stack([0.75, 0.35, 0.15]) * rng.uniform(0.8, 1.0)
-    img = field[..., None] * (base + 0.4 * disc[..., None]) + rng.normal(0, 0.02, (size, size, 3))
-    return (img.clip(0, 1) * 255).astype(np.uint8)
-
-
-def write_image(path: Path, seed: int, *, grey: bool = False, size: int = SIZE) -> Path:
-    """Write a phantom image in the format the file name says (.jpg/.jpeg/.JPG/.png/.tif/.bmp/.dcm)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arr = phantom_array(seed, size, grey)
-    suffix = path.suffix.lower()
-    if suffix in (".dcm", ".dicom"):
-        _write_dicom(path, arr)
-        return path
-    fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP"}[suffix]
-    Image.fromarray(arr).save(path, format=fmt)
-    return path
-
-
-def _write_dicom(path: Path, arr: np.ndarray) -> None:
-    from pydicom.dataset import FileMetaDataset, Dataset
-    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
-
-    sop_class = "1.2.840.10008.5.1.4.1.1.77.1.5.1"  # Ophthalmic Photography 8 Bit Image Storage
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = sop_class
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID = sop_class
-    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
-    ds.Modality = "OP"
-    ds.Rows, ds.Columns = arr.shape[:2]
-    ds.SamplesPerPixel = 3 if arr.ndim == 3 else 1
-    ds.PhotometricInterpretation = "RGB" if arr.ndim == 3 else "MONOCHROME2"
-    if arr.ndim == 3:
-        ds.PlanarConfiguration = 0
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-    ds.PixelData = np.ascontiguousarray(arr).tobytes()
-    ds.save_as(path, enforce_file_format=True)
-
-
-def write_npz(path: Path, seed: int, *, image_key: str | None = "slo_fundus", **scalars) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.asarray(v) for k, v in scalars.items()}
-    if image_key == "slo_fundus":
-        arrays["slo_fundus"] = phantom_array(seed, 40)
-    elif image_key == "rnflt":
-        arrays["rnflt"] = (phantom_array(seed, 40, grey=True).astype(np.float32) / 255 * 300).astype(np.float32)
-    np.savez(path, **arrays)
-    return path
-
-
-def _csv(path: Path, header: list[str], rows: list[list], *, sep: str = ",", encoding: str = "utf-8",
-         raw_header: str | None = None, trailer: str = "") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding=encoding) as fh:
-        if raw_header is not None:
-            fh.write(raw_header + "\n")
-        w = csv.writer(fh, delimiter=sep, lineterminator="\n")
-        if raw_header is None:
-            w.writerow(header)
-        w.writerows(rows)
-        fh.write(trailer)
-    return path
-
-
-def _xlsx(path: Path, sheets: dict[str, list[list]]) -> Path:
-    import openpyxl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    wb = openpyxl.Workbook()
-    wb.remove(wb.active)
-    for name, rows in sheets.items():
-        ws = wb.create_sheet(name)
-        for r in rows:
-            ws.append(r)
-    wb.save(path)
-    return path
+from retinabench.testing.raw_files import SIZE, write_csv, write_image, write_npz, write_xlsx
 
 
 # ------------------------------------------------------------------------------------------ datasets
@@ -126,9 +27,9 @@ ICDR_COLUMNS_BRSET = ["image_id", "patient_id", "camera", "patient_age", "comorb
 
 
 def aptos2019(root: Path) -> None:
-    _csv(root / "train.csv", ["id_code", "diagnosis"], [["000c1434d8d7", 2], ["001639a390f0", 4],
+    write_csv(root / "train.csv", ["id_code", "diagnosis"], [["000c1434d8d7", 2], ["001639a390f0", 4],
                                                           ["0024cdab0c1e", 0], ["002c21358ce6", 1]])
-    _csv(root / "test.csv", ["id_code"], [["0005cfc8afb6"], ["003f0afdcd15"]])
+    write_csv(root / "test.csv", ["id_code"], [["0005cfc8afb6"], ["003f0afdcd15"]])
     for i, name in enumerate(["000c1434d8d7", "001639a390f0", "0024cdab0c1e"]):  # 002c21358ce6 has no image
         write_image(root / "train_images" / f"{name}.png", i)
     write_image(root / "train_images" / "ffff00000000.png", 9)  # on disk, in no CSV
@@ -137,8 +38,8 @@ def aptos2019(root: Path) -> None:
 
 
 def eyepacs(root: Path) -> None:
-    _csv(root / "trainLabels.csv", ["image", "level"], [["10_left", 0], ["10_right", 1], ["13_left", 4]])
-    _csv(root / "retinopathy_solution.csv", ["image", "level", "Usage"],
+    write_csv(root / "trainLabels.csv", ["image", "level"], [["10_left", 0], ["10_right", 1], ["13_left", 4]])
+    write_csv(root / "retinopathy_solution.csv", ["image", "level", "Usage"],
          [["15_left", 2, "Public"], ["15_right", 3, "Private"]])
     for i, name in enumerate(["10_left", "10_right", "13_left"]):
         write_image(root / "train" / f"{name}.jpeg", i)
@@ -150,10 +51,10 @@ def eyepacs(root: Path) -> None:
 def idrid(root: Path) -> None:
     gt = root / "2. Groundtruths"
     # The official CSVs: a trailing space in the DME header, trailing empty columns and blank rows.
-    _csv(gt / "a. IDRiD_Disease Grading_Training Labels.csv", [],
+    write_csv(gt / "a. IDRiD_Disease Grading_Training Labels.csv", [],
          [["IDRiD_001", 3, 2, "", "", ""], ["IDRiD_002", 0, 0, "", "", ""], ["", "", "", "", "", ""]],
          raw_header="Image name,Retinopathy grade,Risk of macular edema ,,,")
-    _csv(gt / "b. IDRiD_Disease Grading_Testing Labels.csv", [], [["IDRiD_001", 4, 1]],
+    write_csv(gt / "b. IDRiD_Disease Grading_Testing Labels.csv", [], [["IDRiD_001", 4, 1]],
          raw_header="Image name,Retinopathy grade,Risk of macular edema ")
     img = root / "1. Original Images"
     write_image(img / "a. Training Set" / "IDRiD_001.jpg", 1)
@@ -162,10 +63,10 @@ def idrid(root: Path) -> None:
 
 
 def messidor2(root: Path) -> None:
-    _csv(root / "messidor_data.csv", ["image_id", "adjudicated_dr_grade", "adjudicated_dme", "adjudicated_gradable"],
+    write_csv(root / "messidor_data.csv", ["image_id", "adjudicated_dr_grade", "adjudicated_dme", "adjudicated_gradable"],
          [["20051020_43808_0100_PP.png", 0, 0, 1], ["20051020_43832_0100_PP.png", 2, 1, 1],
           ["IM000001.JPG", "", "", 0], ["IM000002.JPG", 1, 0, 1]])
-    _csv(root / "messidor-2.csv", ["left", "right"],
+    write_csv(root / "messidor-2.csv", ["left", "right"],
          [["20051020_43808_0100_PP.png", "20051020_43832_0100_PP.png"], ["IM000001.JPG", "IM000003.JPG"]], sep=";")
     for i, name in enumerate(["20051020_43808_0100_PP.png", "20051020_43832_0100_PP.png", "IM000001.JPG",
                               "IM000002.JPG", "IM000003.JPG"]):
@@ -188,7 +89,7 @@ def brset(root: Path) -> None:
             _brset_row("img00002", 1, 55, 2, 2, "yes", 2, dme=1),
             _brset_row("img00003", 2, "", 1, 1, "No", 0, cup=1, quality="Inadequate", optic_disc="bv"),
             _brset_row("img04414", 3, 70, 1, 2, "No", 0)]  # listed without an image (as in v1.0.1)
-    _csv(root / "labels_brset.csv", ICDR_COLUMNS_BRSET, rows)
+    write_csv(root / "labels_brset.csv", ICDR_COLUMNS_BRSET, rows)
     for i, name in enumerate(["img00001", "img00002", "img00003"]):
         write_image(root / "fundus_photos" / f"{name}.jpg", i)
     (root / "fundus_photos" / "index.html").write_text("<html></html>")  # PhysioNet mirror artefact
@@ -211,7 +112,7 @@ def mbrset(root: Path) -> None:
     rows = [row(1, "1.1.jpg", "right", 0, "no"), row(1, "1.2.jpg", "right", 0, "no"),
             row(1, "1.3.jpg", "left", 2, "yes"), row(1, "1.4.jpg", "left", 2, "yes", quality="no"),
             row(2, "2.1.jpg", "right", "", "Yes", age=48, sex=1, htn="no", neph="yes")]
-    _csv(root / "labels_mbrset.csv", MBRSET_COLUMNS, rows)
+    write_csv(root / "labels_mbrset.csv", MBRSET_COLUMNS, rows)
     for i, name in enumerate(["1.1.jpg", "1.2.jpg", "1.3.jpg", "1.4.jpg", "2.1.jpg"]):
         write_image(root / "images" / name, i)
 
@@ -229,8 +130,8 @@ def papila(root: Path) -> None:
            ["#004", 60, 0, 1, 0.75, 0, 0, 1, 23, 22, 522, 24.1, -9.0],
            ["#005", 51.0, 0, 0, 0, 0, 0, 0, 18, None, 555, 23.0, None]]
     blank = [None] * 13
-    _xlsx(root / "ClinicalData" / "patient_data_od.xlsx", {"Sheet1": [title, ids, header, *od, blank]})
-    _xlsx(root / "ClinicalData" / "patient_data_os.xlsx", {"Sheet1": [title, ids, header, *os_]})
+    write_xlsx(root / "ClinicalData" / "patient_data_od.xlsx", {"Sheet1": [title, ids, header, *od, blank]})
+    write_xlsx(root / "ClinicalData" / "patient_data_os.xlsx", {"Sheet1": [title, ids, header, *os_]})
     for i, name in enumerate(["RET002OD", "RET002OS", "RET004OD", "RET004OS", "RET005OD"]):  # RET005OS missing
         write_image(root / "FundusImages" / f"{name}.jpg", i)
 
@@ -244,7 +145,7 @@ def _rfmid(root: Path, layout: dict[str, tuple[str, str]]) -> None:
             "test": [[1, 1, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0]]}
     seed = 0
     for part, (csv_rel, folder) in layout.items():
-        _csv(root / csv_rel, RFMID_COLUMNS, rows[part])
+        write_csv(root / csv_rel, RFMID_COLUMNS, rows[part])
         for r in rows[part]:
             write_image(root / folder / f"{r[0]}.png", seed)
             seed += 1
@@ -270,7 +171,7 @@ def rfmid2(root: Path) -> None:
             "Test_set": ("RFMiD_2_Testing_labels.csv", [[1, 0, 0, 1, 1, 0]])}
     seed = 0
     for folder, (name, rows) in sets.items():
-        _csv(root / folder / name, [], rows, raw_header=header, encoding="latin-1")
+        write_csv(root / folder / name, [], rows, raw_header=header, encoding="latin-1")
         for r in rows:
             write_image(root / folder / f"{r[0]}.jpg", seed)
             seed += 1
@@ -295,7 +196,7 @@ def refuge(root: Path) -> None:
 
 
 def g1020(root: Path) -> None:
-    _csv(root / "G1020.csv", ["imageID", "binaryLabels"], [["image_0.jpg", 0], ["image_1.jpg", 1], ["image_2.jpg", 0]])
+    write_csv(root / "G1020.csv", ["imageID", "binaryLabels"], [["image_0.jpg", 0], ["image_1.jpg", 1], ["image_2.jpg", 0]])
     for i in range(3):
         write_image(root / "Images" / f"image_{i}.jpg", i)
         (root / "Images" / f"image_{i}.json").write_text("{}")  # disc/cup annotations
@@ -332,8 +233,8 @@ def hrf(root: Path) -> None:
 def drtid(root: Path) -> None:
     gt = root / "Ground Truths" / "DR_grade"
     header = ["ID", "Grade", "Macula", "Optic disc", "LR"]
-    _csv(gt / "a. DR_grade_Training.csv", header, [[1, 2, "1_1", "1_2", "L"], [2, 0, "2_1", "2_2", "R"]])
-    _csv(gt / "b. DR_grade_Testing.csv", header, [[3, 4, "3_1", "3_2", "L"]])
+    write_csv(gt / "a. DR_grade_Training.csv", header, [[1, 2, "1_1", "1_2", "L"], [2, 0, "2_1", "2_2", "R"]])
+    write_csv(gt / "b. DR_grade_Testing.csv", header, [[3, 4, "3_1", "3_2", "L"]])
     for i, stem in enumerate(["1_1", "1_2", "2_1", "2_2", "3_1"]):  # 3_2 is missing
         write_image(root / "Original Images" / f"{stem}.jpg", i)
 
@@ -353,7 +254,7 @@ def fairvision(root: Path) -> None:
     seed = 0
     folders = {"training": "Training", "validation": "Validation", "test": "Test"}
     for cohort, (key, rows) in cohorts.items():
-        _csv(root / f"data_summary_{key}.csv", HARVARD_COLUMNS + [key, "use"], rows)
+        write_csv(root / f"data_summary_{key}.csv", HARVARD_COLUMNS + [key, "use"], rows)
         for r in rows:
             num = r[0][5:10]
             write_image(root / cohort / folders[r[-1]] / f"slo_{num}.jpg", seed)
@@ -365,7 +266,7 @@ def fairgenmed(root: Path) -> None:
     rows = [["training", "data_00001.npz", 1, "0.7", "moderate", "myopia", 66, "female", "white", "non-hispanic"],
             ["validation", "data_00002.npz", 0, "0.4", "normal", "emmetropia", 52, "male", "asian", "non-hispanic"],
             ["test", "data_00003.npz", "yes", "0.8", "severe", "myopia", 70, "male", "black", "hispanic"]]
-    _csv(root / "data_summary.csv", ["use", "filename", "glaucoma", "cdr_status", "md_severity", "se_status", "age",
+    write_csv(root / "data_summary.csv", ["use", "filename", "glaucoma", "cdr_status", "md_severity", "se_status", "age",
                                      "gender", "race", "ethnicity"], rows)
     folders = {"training": "Training", "validation": "Validation", "test": "Test"}
     for i, r in enumerate(rows):
@@ -376,7 +277,7 @@ def fairfedmed(root: Path) -> None:
     write_npz(root / "all" / "data_00001.npz", 0, glaucoma=1, male=0, age=67.0, race=2)
     write_npz(root / "all" / "data_00002.npz", 1, glaucoma=0, male=1, age=45.5, race=0)
     write_npz(root / "all" / "data_00003.npz", 2, glaucoma=0, male=1, race=1)  # no age key
-    _csv(root / "meta_all.csv", ["filename"], [["data_00001.npz"], ["data_00002.npz"], ["data_00003.npz"]])
+    write_csv(root / "meta_all.csv", ["filename"], [["data_00001.npz"], ["data_00002.npz"], ["data_00003.npz"]])
 
 
 def harvard_gf(root: Path) -> None:
@@ -395,7 +296,7 @@ def justraigs(root: Path) -> None:
     rows = [["TRAIN000000", "RG", "TRAIN000001", 60, "RG", "RG", "", *pad],
             ["TRAIN000001", "NRG", "TRAIN000000", 60, "NRG", "NRG", "", *pad],
             ["TRAIN000002", "NRG", "", 71, "NRG", "RG", "NRG", *pad]]
-    _csv(root / "JustRAIGS_Train_labels.csv", header, rows, sep=";")
+    write_csv(root / "JustRAIGS_Train_labels.csv", header, rows, sep=";")
     write_image(root / "0" / "TRAIN000000.JPG", 0)
     write_image(root / "1" / "TRAIN000001.JPG", 1)
     write_image(root / "0" / "TRAIN000002.JPG", 2)
@@ -415,13 +316,13 @@ def grape(root: Path) -> None:
               [1, "OS", 1, 0.0, 14, "/", 28, 27],           # a visit without a photograph
               [2, "OD", 1, 0.0, 18, "2_OD_1.jpg", 24, 22],
               [3, "OS", 1, 0.0, 20, "3_OS_1.jpg", 29, 30]]  # an eye without a Baseline row
-    _xlsx(root / "VF and clinical information.xlsx", {"Baseline": [b1, b2, *base], "Follow-up": [f1, f2, *follow]})
+    write_xlsx(root / "VF and clinical information.xlsx", {"Baseline": [b1, b2, *base], "Follow-up": [f1, f2, *follow]})
     for i, name in enumerate(["1_OD_1.jpg", "1_OD_2.jpg", "2_OD_1.jpg", "3_OS_1.jpg"]):
         write_image(root / "CFPs" / name, i)
 
 
 def aireadi(root: Path) -> None:
-    _csv(root / "participants.tsv", ["participant_id", "clinical_site", "study_group", "age", "study_visit_date",
+    write_csv(root / "participants.tsv", ["participant_id", "clinical_site", "study_group", "age", "study_visit_date",
                                      "recommended_split"],
          [[1001, "UW", "healthy", 58, "2023-05-01", "train"],
           [1002, "UAB", "insulin_dependent", 66, "2023-06-11", "test"]], sep="\t")
@@ -436,7 +337,7 @@ def aireadi(root: Path) -> None:
         rows.append([pid, "iCare", "Eidon", side.upper(), region, "Color Photography" if kind == "cfp" else "IR",
                      SIZE, SIZE, 3, f"1.2.826.0.{n}", "/" + path])
         write_image(root / path, n)
-    _csv(root / "retinal_photography" / "manifest.tsv", header, rows, sep="\t")
+    write_csv(root / "retinal_photography" / "manifest.tsv", header, rows, sep="\t")
 
 
 WRITERS: dict[str, Callable[[Path], None]] = {
@@ -466,7 +367,7 @@ def write_fixture(name: str, data_root: Path, registry: dict | None = None) -> P
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m retinabench.data.raw_fixtures DATA_ROOT [NAME ...]``: write fixtures (default: all), e.g. to
+    """``python -m retinabench.testing.raw_fixtures DATA_ROOT [NAME ...]``: write fixtures (default: all), e.g. to
     dry-run the papers' grids without the data (`snakemake -n --configfile config/ocularbench.yaml
     --config data_root=DATA_ROOT`)."""
     import argparse
