@@ -16,10 +16,6 @@ NOT_ARTIFACTS = {
     "report_build.py": "docutils settings, in a temporary folder",
     "compute/memory.py": "/proc/self/clear_refs (resets the peak-memory counter)",
     "pipeline/run_lock.py": "the run lock, created exclusively (O_EXCL) and written once",
-    # Issue 24's "models" part edits these modules: it routes them through the atomic writer (lora.py: run.json,
-    # compute.json) or moves them to retinabench.testing (published.py); drop the entries then.
-    "protocols/lora.py": "pending: the models part of issue 24",
-    "models/published.py": "pending: the models part of issue 24",
 }
 SCAFFOLDING = "testing/"  # fixtures and demo inputs written for tests, not results
 

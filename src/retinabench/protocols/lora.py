@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from retinabench.atomic import write_text_atomic
 from retinabench.prompts import PromptRegistry, YesNoPrompt, render_questions
 from retinabench.models.adapters import AdapterError, base_record, name_base_model
 from retinabench.models.mllm import MLLM
@@ -334,7 +335,7 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
         if stale:
             shutil.rmtree(ckpt)
         ckpt.mkdir(parents=True, exist_ok=True)
-        (ckpt / "run.json").write_text(json.dumps(run, indent=1, default=str))
+        write_text_atomic(ckpt / "run.json", json.dumps(run, indent=1, default=str))
     state.wait_for_everyone()
 
     model = mllm.model
@@ -378,7 +379,7 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
                "trainable_params": int(n_trainable), "total_params": int(n_total),
                "batch_size": batch, "grad_accum": accum, "effective_batch": batch * accum * world,
                "bf16": bf16, "gradient_checkpointing": grad_ckpt, "final_loss": float(hist[-1]["loss"]) if hist else float("nan")}
-    (out / "compute.json").write_text(json.dumps(compute, indent=1))
+    write_text_atomic(out / "compute.json", json.dumps(compute, indent=1))
     if not settings.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
     mllm.model = peft_model
