@@ -18,7 +18,7 @@ def stage_phantom(job: Job) -> None:
     p = job.params["phantom"]
     out = Path(job.output["metadata"])
     meta = generate_phantom(out.parent, n_patients=p["n_patients"], seed=p["seed"], image_size=p["image_size"],
-                            sites=p.get("sites"))
+                            sites=p["sites"])
     write_outputs(job, written=[str(out)], config={"phantom": p}, seed=p["seed"],
               extra={"n_images": int(len(meta)), "raw_files": [{"path": str(out.parent), "note": "generated"}]})
 
@@ -119,8 +119,8 @@ def stage_split(job: Job) -> None:
     p = job.params["split"]
     dataset = job.wildcards.get("dataset") or str(manifest["dataset"].iloc[0])
     assignment, report = assign_splits(manifest, job.params["tasks"], fractions=p["fractions"], seed=p["seed"],
-                                       duplicates=dups, near=p.get("group_near_duplicates", True),
-                                       method=p.get("method", "hash"), dataset=dataset)
+                                       duplicates=dups, near=p["group_near_duplicates"], method=p["method"],
+                                       dataset=dataset)
     write_artifact(assignment, job.output["split"], "dataset_split")
     announce(f"retinabench split {dataset} ({report['method']}, seed {p['seed']}): {report['n_groups']} groups of "
               f"{report['n_patients']} patients; {report['groups_merging_patients']} groups merge "

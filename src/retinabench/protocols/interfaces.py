@@ -1,5 +1,5 @@
-"""The prompt-based interfaces as pipeline jobs: typed settings, the per-task inputs a job receives, and one
-spec per interface for the pipeline's protocol registry. Torch-free at import (the job functions import torch
+"""The prompt-based interfaces as pipeline jobs: the per-task inputs a job receives and one spec per interface
+(its settings: retinabench.settings.ZeroShotSettings / MLLMSettings) for the pipeline's protocol registry. Torch-free at import (the job functions import torch
 when they run).
 
 A job is one (model, task set) of one interface: :func:`retinabench.protocols.zeroshot.run` or
@@ -12,13 +12,16 @@ test rows when ``b`` is), seed 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-REGIMES = ("u-u", "u-b", "b-u", "b-b")
+from retinabench.settings import MLLMSettings, ZeroShotSettings
+
+__all__ = ["INTERFACES", "InterfaceJob", "InterfaceSpec", "MLLMSettings", "TaskInput", "ZeroShotSettings",
+           "finish_predictions", "interface_of", "job_resources", "plan_jobs", "selected_entries"]
 
 
 @dataclass(frozen=True)
@@ -37,72 +40,6 @@ class TaskInput:
         if len(self.image_ids) != len(self.images):
             raise ValueError(f"task {self.task['name']!r}: {len(self.image_ids)} image ids for {len(self.images)} "
                              "images")
-
-
-def _settings_from(cls, section: Mapping[str, Any] | None, where: str):
-    section = dict(section or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
-    if "prompt_sets" in section and section["prompt_sets"] is not None:
-        section["prompt_sets"] = tuple(section["prompt_sets"])
-    if "regimes" in section:
-        section["regimes"] = tuple(section["regimes"])
-        bad = [r for r in section["regimes"] if r not in REGIMES]
-        if bad or not section["regimes"]:
-            raise ValueError(f"{where}: regimes {list(section['regimes'])}; each must be one of {REGIMES}")
-    out = cls(**section)
-    if int(out.batch_size) < 1:
-        raise ValueError(f"{where}: batch_size must be >= 1, got {out.batch_size}")
-    return out
-
-
-@dataclass(frozen=True)
-class ZeroShotSettings:
-    """``prompt_sets``: None = every zero-shot prompt set that covers the task; ``regimes``: which rows are
-    predicted; ``batch_size``: images per forward pass; ``device``: auto = CUDA when present."""
-
-    prompt_sets: tuple[str, ...] | None = None
-    regimes: tuple[str, ...] = ("u-u",)
-    batch_size: int = 64
-    device: str = "auto"
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> ZeroShotSettings:
-        return _settings_from(cls, section, "zeroshot settings")
-
-
-@dataclass(frozen=True)
-class MLLMSettings:
-    """As :class:`ZeroShotSettings`, plus ``max_new_tokens`` (greedy; the answer must start within it) and
-    ``dtype`` (auto = bf16 on CUDA, fp32 on CPU)."""
-
-    prompt_sets: tuple[str, ...] | None = None
-    regimes: tuple[str, ...] = ("u-u",)
-    batch_size: int = 8
-    device: str = "auto"
-    max_new_tokens: int = 8
-    dtype: str = "auto"
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> MLLMSettings:
-        out = _settings_from(cls, section, "mllm settings")
-        if int(out.max_new_tokens) < 1:
-            raise ValueError(f"mllm settings: max_new_tokens must be >= 1, got {out.max_new_tokens}")
-        return out
-
-
-def section_defaults(settings_cls) -> dict[str, Any]:
-    """A config section's defaults: the planning keys (``enabled``; ``encoders``: null = every registry entry
-    declaring the interface; ``task_sets``: null = one set ``all`` of the config's tasks) + the job settings."""
-    job = {f.name: (list(f.default) if isinstance(f.default, tuple) else f.default) for f in fields(settings_cls)}
-    return {"enabled": False, "encoders": None, "task_sets": None, **job}
-
-
-def job_settings(section: Mapping[str, Any], settings_cls):
-    """The job settings of a merged config section (the planning keys removed)."""
-    return settings_cls.from_config({k: v for k, v in section.items() if k not in ("enabled", "encoders", "task_sets")})
 
 
 @dataclass(frozen=True)
