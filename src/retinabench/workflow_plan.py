@@ -9,8 +9,8 @@ from functools import cache
 from pathlib import Path
 
 from retinabench.registry import Registries, RegistryError
-from retinabench.settings import DEVICE_PATTERN
-from retinabench.settings import ConfigError as SettingsError
+from retinabench.settings.base import DEVICE_PATTERN
+from retinabench.settings.errors import ConfigError as SettingsError
 
 
 GENERATED_FOLDER = "raw"  # generated datasets' raw folders, inside the results folder: <results>/raw/<root>

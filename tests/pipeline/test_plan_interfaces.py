@@ -29,6 +29,8 @@ def test_interfaces_are_off_by_default_and_their_sections_agree_with_registry_sc
     for name in PROTOCOLS.names("prompts"):
         spec = PROTOCOLS.get(name)
         model = spec.settings_model
+        from retinabench.protocols.interfaces import INTERFACES
+        assert INTERFACES[name].section is model and issubclass(model, INTERFACES[name].settings), name
         assert set(schema["$defs"][model.__name__]["properties"]) == set(model.model_fields), name
         assert c[spec.section] == spec.settings({}).plain(), name
         assert spec.family[0] == name and len(spec.family) == 2 and callable(spec.job())

@@ -6,7 +6,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from retinabench.settings import AnalysisSettings, FinetuneSettings, SweepSettings
+from retinabench.settings.finetune import FinetuneSettings, SweepSettings
+from retinabench.settings.reliability import AnalysisSettings
 
 ENCODER_FIELDS = ("domain", "method", "exposure", "params_m", "size_class")
 # The reliability layer's per-group metrics in the analysis format (workflow/rules/reliability.smk, rule

@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from retinabench.settings import ComputeSettings, FinetuneSettings
+from retinabench.settings.finetune import FinetuneSettings
+from retinabench.settings.layers import ComputeSettings
 
 PHASES = ("inference", "finetune", "linear_aug")
 COMPUTE_COLUMNS = [

@@ -43,7 +43,7 @@ import pandas as pd
 from retinabench.data.reports import exclusion_lines
 from retinabench.hashing import unit_hash
 from retinabench.schemas import DATASET_SPLIT, SPLIT, SPLITS
-from retinabench.settings import SplitSettings
+from retinabench.settings.data import SplitSettings
 
 SALT = "retinabench-split-v1"
 TOLERANCE_SD = 4.0

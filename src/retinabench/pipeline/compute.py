@@ -33,7 +33,7 @@ def compute_rows(split: pd.DataFrame, index: pd.DataFrame, n_images: int | None)
 def stage_compute_benchmark(job: Job) -> None:
     from retinabench.compute import benchmark_encoder
     from retinabench.models import weights_record
-    from retinabench.settings import ComputeSettings
+    from retinabench.settings.layers import ComputeSettings
     entry, task = job.params["encoder"], job.params["task"]
     settings = ComputeSettings.of(job.params["compute"])
     index, split = _load_data(job)

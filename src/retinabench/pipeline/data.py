@@ -10,7 +10,7 @@ from retinabench.data.reports import exclusion_lines, exclusion_summary, manifes
 from retinabench.pipeline.job import Job, announce, write_artifact, write_outputs
 from retinabench.pipeline.registry import stage
 from retinabench.schemas import read_table
-from retinabench.settings import ImagesSettings, PhantomSettings, SplitSettings
+from retinabench.settings.data import ImagesSettings, PhantomSettings, SplitSettings
 
 
 @stage("phantom")

@@ -41,7 +41,7 @@ def stage_finetune(job: Job) -> None:
     from retinabench.metrics.classification import metrics_table
     from retinabench.protocols.finetune import run_finetune
     from retinabench.protocols.sweep import read_chosen
-    from retinabench.settings import FinetuneSettings
+    from retinabench.settings.finetune import FinetuneSettings
     torch.set_num_threads(max(1, job.threads))
     p, task, entry = job.params["finetune"], job.params["task"], job.params["encoder"]
     ft = FinetuneSettings.of(p)
@@ -85,7 +85,7 @@ def stage_finetune(job: Job) -> None:
 def stage_sweep_stage(job: Job) -> None:
     import torch
     from retinabench.protocols.sweep import choose_lr, run_sweep_stage
-    from retinabench.settings import FinetuneSettings, SweepSettings
+    from retinabench.settings.finetune import FinetuneSettings, SweepSettings
     torch.set_num_threads(max(1, job.threads))
     p, s, task, entry = job.params["finetune"], job.params["sweep"], job.params["task"], job.params["encoder"]
     ft, sweep = FinetuneSettings.of(p), SweepSettings.of({k: v for k, v in s.items() if k != "grid"})

@@ -58,13 +58,12 @@ def stage_lora_infer(job: Job) -> None:
     from retinabench.prompts import load_prompts
     from retinabench.protocols.interfaces import INTERFACES
     from retinabench.protocols.mllm import answer_counts
-    from retinabench.settings import MLLMSection
     torch.set_num_threads(max(1, job.threads))
     p = job.params["job"]
     spec = INTERFACES["mllm"]
     prompts = load_prompts(job.input["prompts"])
     t0 = time.perf_counter()
-    preds = spec.run(p["entry"], task_inputs(job), prompts, MLLMSection.of(p["settings"]).job(),
+    preds = spec.run(p["entry"], task_inputs(job), prompts, spec.section.of(p["settings"]).job(),
                      adapter=job.input["adapter"])
     counts = answer_counts(preds)
     tasks = {t["name"]: t for t in p["tasks"]}

@@ -27,7 +27,7 @@ def stage_frozen(job: Job) -> None:
     if "knn" in p["names"]:  # the neighbour count each training regime used (k: auto resolves per regime)
         from retinabench.data.splits import regime_rows
         from retinabench.protocols.knn import resolve_k
-        from retinabench.settings import KnnSettings
+        from retinabench.settings.protocols import KnnSettings
         k = KnnSettings.from_config(p).k
         extra["knn_k"] = {r: resolve_k(k, len(regime_rows(split, "train", r == "b")))
                           for r in sorted({x.split("-")[0] for x in p["regimes"]})}

@@ -10,7 +10,7 @@ from retinabench.pipeline.job import write_artifact, write_outputs
 from retinabench.pipeline.registry import stage
 from retinabench.reliability import (KINDS, analysis_subgroup_metrics, evaluate_predictions, harmonised_coverage,
                                      paired_comparisons, prepare_predictions, summary_scores)
-from retinabench.settings import ReliabilitySettings
+from retinabench.settings.reliability import ReliabilitySettings
 
 
 def _read_many(paths, kind) -> pd.DataFrame:

@@ -26,7 +26,7 @@ def stage_saliency(job: Job) -> None:
     import torch
     from retinabench.models import weights_record
     from retinabench.saliency import run_saliency, write_maps
-    from retinabench.settings import SaliencySettings
+    from retinabench.settings.layers import SaliencySettings
     torch.set_num_threads(max(1, job.threads))
     task, entry, s = job.params["task"], job.params["encoder"], job.params["saliency"]
     settings = SaliencySettings.of(s)

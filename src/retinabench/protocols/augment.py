@@ -30,7 +30,7 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
 
-from retinabench.settings import AugmentSettings
+from retinabench.settings.finetune import AugmentSettings
 
 JITTER = ("brightness", "contrast", "saturation", "hue")
 

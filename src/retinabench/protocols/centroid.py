@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retinabench.settings import CentroidSettings
+from retinabench.settings.protocols import CentroidSettings
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

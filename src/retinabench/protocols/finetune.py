@@ -34,7 +34,8 @@ from retinabench.protocols.common import class_weights, predictions_frame
 from retinabench.protocols.finetune_checkpoints import (CheckpointError, DivergedError, entry_digest, module_digest,
                                                         read_weights, save_weights)
 from retinabench.protocols.finetune_train import Classifier, Trainer, _loader, fit, peak_memory_mb
-from retinabench.settings import FINETUNE_PROTOCOLS, TrainConfig
+from retinabench.settings.base import FINETUNE_PROTOCOLS
+from retinabench.settings.finetune import TrainConfig
 
 __all__ = ["CheckpointError", "Classifier", "DivergedError", "FinetuneOutput", "TrainConfig", "Trainer",
            "load_finetuned", "peak_memory_mb", "run_finetune", "save_weights"]

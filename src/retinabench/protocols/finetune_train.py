@@ -28,7 +28,8 @@ from retinabench.protocols.augment import augment_batch, build_train_transform
 from retinabench.protocols.common import make_scheduler
 from retinabench.protocols.finetune_checkpoints import (CHECKPOINT_FORMAT, DivergedError, rng_state,
                                                         set_rng_state, load_checkpoint, save_checkpoint)
-from retinabench.settings import FINETUNE_PROTOCOLS, TrainConfig
+from retinabench.settings.base import FINETUNE_PROTOCOLS
+from retinabench.settings.finetune import TrainConfig
 
 
 class Classifier(nn.Module):

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from retinabench.settings import MLLMSettings, ZeroShotSettings
+from retinabench.settings.protocols import MLLMSection, MLLMSettings, ZeroShotSection, ZeroShotSettings
 
 __all__ = ["INTERFACES", "InterfaceJob", "InterfaceSpec", "MLLMSettings", "TaskInput", "ZeroShotSettings",
            "finish_predictions", "interface_of", "job_resources", "plan_jobs", "selected_entries"]
@@ -46,13 +46,14 @@ class TaskInput:
 class InterfaceSpec:
     """One interface for the protocol registry: the registry entries it selects (``entry_interface`` in their
     ``interfaces``), the protocol names its predictions carry (``<protocol>@<set>`` for a non-default prompt
-    set), its settings section, its job function (``module:function``, imported when the job runs) and the extra
-    prediction columns beyond the shared schema."""
+    set), its job's settings and its config section's model, its job function (``module:function``, imported
+    when the job runs) and the extra prediction columns beyond the shared schema."""
 
     name: str
     entry_interface: str
     protocols: tuple[str, ...]
     settings: type
+    section: type
     job: str
     kind: str = "images+prompts"
     gpu: int = 1
@@ -66,8 +67,9 @@ class InterfaceSpec:
 
 INTERFACES: dict[str, InterfaceSpec] = {
     "zeroshot": InterfaceSpec("zeroshot", "zeroshot", ("zeroshot", "zeroshot_focus"), ZeroShotSettings,
-                              "retinabench.protocols.zeroshot:run", extras=("prompt_set",)),
-    "mllm": InterfaceSpec("mllm", "mllm", ("mllm", "mllm_renorm"), MLLMSettings, "retinabench.protocols.mllm:run",
+                              ZeroShotSection, "retinabench.protocols.zeroshot:run", extras=("prompt_set",)),
+    "mllm": InterfaceSpec("mllm", "mllm", ("mllm", "mllm_renorm"), MLLMSettings, MLLMSection,
+                          "retinabench.protocols.mllm:run",
                           extras=("answer", "answer_valid", "prob_yes", "prob_no", "mass", "prompt_set", "prompt")),
 }
 

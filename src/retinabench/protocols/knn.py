@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from retinabench.settings import AUTO_K, KnnSettings
+from retinabench.settings.protocols import AUTO_K, KnnSettings
 
 
 def resolve_k(k: int | str, n_train: int) -> int:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from retinabench.protocols.common import class_weights, make_scheduler
-from retinabench.settings import LinearSettings
+from retinabench.settings.protocols import LinearSettings
 
 
 def train_linear_probe(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, weighted: bool,

@@ -6,7 +6,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from retinabench.settings import LogregSettings
+from retinabench.settings.protocols import LogregSettings
 
 
 # -- the protocol registry's interface (retinabench.protocols.registry) ------------------------------------------

@@ -40,7 +40,7 @@ from retinabench.protocols.lora_adapter import (ADAPTER_CONFIG, ADAPTER_PROTOCOL
                                                 base_record, load_adapter, name_base_model, verify_adapter_files,
                                                 write_adapter_sidecar)
 from retinabench.protocols.mllm import MLLM
-from retinabench.settings import LABEL_MASKS, LoraSettings
+from retinabench.settings.layers import LABEL_MASKS, LoraSettings
 
 FOCUS = LoraSettings()  # FOCUS's training settings: the defaults of the config's lora.train
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.protocols.finetune import DivergedError, TrainConfig, run_finetune
-from retinabench.settings import SWEEP_STAGES as STAGES
+from retinabench.settings.finetune import SWEEP_STAGES as STAGES
 
 CRITERION = "lowest seed-mean best-epoch validation loss; ties -> smaller learning rate"
 

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from retinabench.schemas import PREDICTIONS
-from retinabench.settings import BOOTSTRAP_UNITS, ReliabilitySettings
+from retinabench.settings.base import BOOTSTRAP_UNITS
+from retinabench.settings.reliability import ReliabilitySettings
 
 KINDS = ("metrics", "thresholds", "calibration", "bins", "subgroups", "gaps", "coverage")
 # The hard decision a protocol wrote (its `y_pred`: the argmax for every probe and fine-tuning, FOCUS's argmax rule;

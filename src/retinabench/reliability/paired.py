@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from retinabench.settings import ReliabilitySettings
+from retinabench.settings.reliability import ReliabilitySettings
 
 
 PAIRED_VARIANTS = {"auroc": ("auroc", "auroc_macro"), "auprc": ("auprc", "auprc_macro"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from retinabench.reliability.evaluation import AS_WRITTEN, CELL_KEYS
-from retinabench.settings import ReliabilitySettings
+from retinabench.settings.reliability import ReliabilitySettings
 
 
 def harmonised_coverage(settings: ReliabilitySettings, datasets: list[str], tasks: dict[str, dict]) -> pd.DataFrame:

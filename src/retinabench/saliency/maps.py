@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from retinabench.settings import SaliencySettings
+from retinabench.settings.layers import SaliencySettings
 
 SALIENCY_COLUMNS = ["encoder", "task", "protocol", "class_index", "class", "image_id", "y_true", "y_pred",
                     "predicted", "p_predicted", "correct", "map_protocol", "map_image", "weights", "weights_sha256",

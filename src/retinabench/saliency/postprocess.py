@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retinabench.settings import SALIENCY_SIGNS as SIGNS
-from retinabench.settings import SaliencySettings
+from retinabench.settings.layers import SALIENCY_SIGNS as SIGNS
+from retinabench.settings.layers import SaliencySettings
 
 
 

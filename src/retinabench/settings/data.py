@@ -23,9 +23,9 @@ class RegistriesSettings(Section):
 class SplitFractions(Section):
     """Fractions of patient groups per split; each in (0, 1), together 1."""
 
-    train: OpenFraction = 0.70
-    val: OpenFraction = 0.15
-    test: OpenFraction = 0.15
+    train: OpenFraction = Field(0.70, description="fraction of patient groups in the training split")
+    val: OpenFraction = Field(0.15, description="fraction in the validation split (model selection, thresholds)")
+    test: OpenFraction = Field(0.15, description="fraction in the test split")
 
     @model_validator(mode="after")
     def _sum_to_one(self):

@@ -14,15 +14,15 @@ from retinabench.settings.base import (FINETUNE_PROTOCOLS, Auto, Device, Finetun
 class AugmentSettings(Section):
     """Training augmentations, seeded per sample (retinabench.protocols.augment; the paper's list)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: no augmentation (the images as cached)")
     scale: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(
         [0.8, 1.2], description="[min, max] crop area as a fraction of the image area (above 1 zooms out)")
     rotation: NonNegativeFloat = Field(5.0, description="degrees, uniform in [-rotation, +rotation]")
     hflip: Fraction = Field(0.5, description="probability of a horizontal flip")
     vflip: Fraction = Field(0.5, description="probability of a vertical flip")
     brightness: NonNegativeFloat = Field(0.2, description="factor uniform in [1 - b, 1 + b] (v2.ColorJitter)")
-    contrast: NonNegativeFloat = 0.2
-    saturation: NonNegativeFloat = 0.1
+    contrast: NonNegativeFloat = Field(0.2, description="factor uniform in [1 - c, 1 + c]")
+    saturation: NonNegativeFloat = Field(0.1, description="factor uniform in [1 - s, 1 + s]")
     hue: Annotated[float, Field(ge=0, le=0.5)] = Field(0.1, description="shift uniform in [-hue, hue]")
     where: Literal["auto", "loader", "device"] = Field(
         "auto", description="auto: on the device on CUDA, in the data loader on CPU")
@@ -42,9 +42,9 @@ class TrainConfig(Section):
     NO_EFFECT: ClassVar[tuple[str, ...]] = ("checkpoint_every", "num_workers")
 
     epochs: PositiveInt = Field(100, description="bookkeeping epochs of steps_per_epoch optimisation steps")
-    steps_per_epoch: PositiveInt = 25
-    batch_size: PositiveInt = 64
-    eval_batch_size: PositiveInt = 128
+    steps_per_epoch: PositiveInt = Field(25, description="optimisation steps per bookkeeping epoch")
+    batch_size: PositiveInt = Field(64, description="training images per step")
+    eval_batch_size: PositiveInt = Field(128, description="images per forward pass when predicting")
     lr_encoder: PositiveFloat = Field(1.0e-5, description="used only with sweep.enabled false (else the sweep's "
                                                           "choice per encoder)")
     lr_classifier: PositiveFloat = Field(1.0e-3, description="as lr_encoder")
@@ -108,8 +108,8 @@ SWEEP_STAGES = {1: ("linear_aug", "lr_classifier"), 2: ("finetune", "lr_encoder"
 class SweepGrid(Section):
     """One encoder's own grids (a missing one: the sweep's)."""
 
-    lr_classifier: LearningRates | None = None
-    lr_encoder: LearningRates | None = None
+    lr_classifier: LearningRates | None = Field(None, description="null: sweep.lr_classifier")
+    lr_encoder: LearningRates | None = Field(None, description="null: sweep.lr_encoder")
 
 
 class SweepSettings(Section):
@@ -123,8 +123,8 @@ class SweepSettings(Section):
     lr_classifier: LearningRates = Field([1.0e-4, 1.0e-3, 1.0e-2], description="stage 1 (linear_aug)")
     lr_encoder: LearningRates = Field([1.0e-7, 1.0e-6, 1.0e-5, 1.0e-4, 1.0e-3],
                                       description="stage 2 (finetune), stage 1's lr_classifier fixed")
-    seeds: Seeds = [0]
-    regimes: Regimes = ["u-u"]
+    seeds: Seeds = Field([0], description="seeds of each learning rate's runs (the pick averages over them)")
+    regimes: Regimes = Field(["u-u"], description="regimes of each run (their training regimes are trained)")
     epochs: PositiveInt | None = Field(None, description="null: finetune.epochs")
     steps_per_epoch: PositiveInt | None = Field(None, description="null: finetune.steps_per_epoch")
     encoders: dict[str, SweepGrid] = Field({}, description="per-encoder grids: {name: {lr_classifier: [...], "

@@ -12,7 +12,7 @@ from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from retinabench.settings.base import Section
+from retinabench.settings.base import DEVICE_PATTERN, Section
 from retinabench.settings.config import Config
 
 SCHEMA_PATH = "workflow/schemas/config.schema.yaml"
@@ -49,8 +49,11 @@ def _constraints(meta: list) -> list[str]:
     for m in meta:
         if isinstance(m, FieldInfo):
             out += _constraints(m.metadata)
-            if isinstance(m.json_schema_extra, dict) and m.json_schema_extra.get("uniqueItems"):
+            extra = m.json_schema_extra if isinstance(m.json_schema_extra, dict) else {}
+            if extra.get("uniqueItems"):
                 out.append("distinct")
+            if extra.get("pattern") == DEVICE_PATTERN:
+                out.append("a device: auto, cpu, cuda, cuda:N or mps")
         elif isinstance(m, Ge):
             out.append(f">= {m.ge}")
         elif isinstance(m, Gt):
@@ -135,7 +138,7 @@ def _rows(model: type[BaseModel], prefix: str, defaults: dict | None) -> list[st
             default = "required" if info.is_required() else f"`{_flow(_plain(info.get_default()))}`"
         inner = _inner_model(info.annotation)
         meaning = info.description or (_summary(inner[1]) if inner else "")
-        rows.append(f"| `{key}` | {_cell(type_text(info.annotation, info.metadata))} | {_cell(default)} | "
+        rows.append(f"| `{key}` | {_cell(type_text(info.annotation, [info]))} | {_cell(default)} | "
                     f"{_cell(meaning)} |")
         if inner:
             tail, sub = inner

@@ -6,7 +6,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from retinabench.settings.base import (Auto, BootstrapUnit, Device, FinetuneProtocols, Names,
+from retinabench.settings.base import (Auto, BootstrapUnit, Device, Distinct, FinetuneProtocols, Names,
                                        NonNegativeFloat, NonNegativeInt, OpenFraction, PairedMetric, PositiveInt,
                                        Precision, Section, Seed)
 
@@ -18,9 +18,9 @@ SALIENCY_SIGNS = ("absolute_value", "positive")
 class ClaheSettings(Section):
     """scikit-image equalize_adapthist of the grayscale map."""
 
-    clip_limit: Annotated[float, Field(gt=0, le=1)] = 0.01
+    clip_limit: Annotated[float, Field(gt=0, le=1)] = Field(0.01, description="contrast clip limit")
     kernel_size: Annotated[int, Field(ge=2)] | None = Field(None, description="null: scikit-image's default")
-    nbins: Annotated[int, Field(ge=2)] = 256
+    nbins: Annotated[int, Field(ge=2)] = Field(256, description="histogram bins")
 
 
 class SaliencySettings(Section):
@@ -41,23 +41,24 @@ class SaliencySettings(Section):
                                                              "class-balanced undersample")
     images_per_class: PositiveInt = Field(1, description="test images per class, by a seeded hash of their ids (the "
                                                          "same for every encoder)")
-    selection_seed: Seed = 0
+    selection_seed: Seed = Field(0, description="seed of the test-image selection hash")
     nt_type: Literal["smoothgrad", "smoothgrad_sq", "vargrad"] = Field(
         "smoothgrad", description="Captum NoiseTunnel around IntegratedGradients, for the predicted class")
-    nt_samples: PositiveInt = 50
+    nt_samples: PositiveInt = Field(50, description="noisy copies per image")
     stdev: NonNegativeFloat = Field(0.3, description="Gaussian noise sd, in normalised input units")
     n_steps: Annotated[int, Field(ge=2)] = Field(50, description="integrated-gradients points (Captum's default)")
     baseline: Literal["zeros", "black"] = Field("zeros", description="zeros (normalised; Captum's default) | black")
     nt_samples_batch_size: PositiveInt | None = Field(1, description="noisy copies per IG call (memory only)")
     internal_batch_size: PositiveInt | None = Field(50, description="IG points per forward pass (memory only)")
-    noise_seed: Seed = 0
+    noise_seed: Seed = Field(0, description="seed of the NoiseTunnel noise")
     sign: Literal["absolute_value", "positive"] = Field("absolute_value", description="grayscale: |sum over "
                                                                                      "channels| | positive")
-    clip_percentile: Annotated[float, Field(gt=0, le=100)] = 99.0
+    clip_percentile: Annotated[float, Field(gt=0, le=100)] = Field(99.0, description="grayscale maps scaled to [0, 1] "
+                                                                                     "at this percentile")
     clahe: ClaheSettings = ClaheSettings()
     colormap: str = Field("inferno", description="matplotlib colormap of the figure")
     device: Device = Field("auto", description="auto: CUDA if present")
-    threads: PositiveInt = 4
+    threads: PositiveInt = Field(4, description="a saliency job's threads")
 
     def job(self) -> dict:
         """A saliency job's settings as plain data (its params): what its result depends on."""
@@ -65,17 +66,21 @@ class SaliencySettings(Section):
 
 
 class InferenceBenchmark(Section):
-    batch_size: PositiveInt = 1
-    warmup: NonNegativeInt = 10
+    """Inference latency and memory: forward passes on test images."""
+
+    batch_size: PositiveInt = Field(1, description="images per forward pass (1, as the paper)")
+    warmup: NonNegativeInt = Field(10, description="untimed passes first")
     images: PositiveInt | None = Field(None, description="null: the whole test split")
 
 
 class TrainingBenchmark(Section):
-    batch_size: PositiveInt = 64
-    warmup: NonNegativeInt = 3
-    steps: PositiveInt = 25
-    protocols: FinetuneProtocols = ["finetune", "linear_aug"]
-    distinct_batches: PositiveInt = 4
+    """Training time per step and memory: fine-tuning's own train step."""
+
+    batch_size: PositiveInt = Field(64, description="training images per step")
+    warmup: NonNegativeInt = Field(3, description="untimed steps first")
+    steps: PositiveInt = Field(25, description="timed steps")
+    protocols: FinetuneProtocols = Field(["finetune", "linear_aug"], description="training phases benchmarked")
+    distinct_batches: PositiveInt = Field(4, description="distinct batches cycled through")
 
 
 class ComputeSettings(Section):
@@ -108,29 +113,29 @@ class LoraSettings(Section):
     """LoRA training of one adapter (retinabench.protocols.lora); the defaults are FOCUS's: r 16, alpha 16,
     dropout 0.05, 1 epoch, lr 2e-5, batch 4 x accumulation 4 (1 x 8 for the 27B size class)."""
 
-    r: PositiveInt = 16
-    alpha: PositiveInt = 16
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    r: PositiveInt = Field(16, description="LoRA rank")
+    alpha: PositiveInt = Field(16, description="LoRA alpha (scaling alpha / r)")
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.05, description="LoRA dropout")
     bias: Literal["none"] = Field("none", description="FOCUS trains no biases")
-    epochs: float = 1.0
-    lr: float = 2e-5
+    epochs: float = Field(1.0, description="training epochs over the source task's training split")
+    lr: float = Field(2e-5, description="learning rate")
     scheduler: str = Field("linear", description="transformers lr_scheduler_type")
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
+    warmup_steps: int = Field(0, description="scheduler warm-up steps")
+    weight_decay: float = Field(0.0, description="AdamW weight decay")
     batch_size: PositiveInt = Field(4, description="per-device batch")
     grad_accum: PositiveInt = Field(4, description="gradient accumulation steps")
     large_min_params_m: float = Field(20000.0, description="the 27B size class (Gemma-3-27B, MedGemma-27B) from "
                                                            "this many million parameters: large_batch_size x "
                                                            "large_grad_accum")
-    large_batch_size: PositiveInt = 1
-    large_grad_accum: PositiveInt = 8
+    large_batch_size: PositiveInt = Field(1, description="per-device batch of the 27B size class")
+    large_grad_accum: PositiveInt = Field(8, description="accumulation of the 27B size class")
     max_steps: int = Field(-1, description="> 0: stop after that many optimizer steps (tests, smoke runs)")
     save_steps: PositiveInt = Field(50, description="checkpoint every this many optimizer steps (a killed job "
                                                     "resumes)")
-    save_total_limit: int = 2
+    save_total_limit: int = Field(2, description="checkpoints kept")
     keep_checkpoints: bool = Field(False, description="false: delete the checkpoint folder once the adapter is "
                                                       "written")
-    seed: int = 0
+    seed: int = Field(0, description="seed of LoRA's initialisation and the data order")
     prompt_set: str | None = Field(None, description="null: the prompt registry's default mllm set")
     label_mask: Literal["answer", "full"] = Field("answer", description="answer: loss on the assistant turn only; "
                                                                         "full: the whole prompt (FOCUS)")
@@ -166,11 +171,11 @@ class LoraDeltas(Section):
     """Adapter - base paired deltas (FOCUS Table 5; retinabench.reliability.adapter_deltas)."""
 
     unit: BootstrapUnit = Field("patient", description="bootstrap unit; image: FOCUS")
-    n_boot: Annotated[int, Field(ge=1000)] = 1000
-    seed: int = 0
-    level: OpenFraction = 0.95
-    metrics: Annotated[list[PairedMetric], Field(min_length=1, json_schema_extra={"uniqueItems": True})] = \
-        ["auroc", "auprc", "accuracy", "f1", "ece"]
+    n_boot: Annotated[int, Field(ge=1000)] = Field(1000, description="bootstrap resamples")
+    seed: int = Field(0, description="seed of the resampling")
+    level: OpenFraction = Field(0.95, description="confidence level")
+    metrics: Annotated[list[PairedMetric], Field(min_length=1, json_schema_extra={"uniqueItems": True}),
+                       Distinct] = Field(["auroc", "auprc", "accuracy", "f1", "ece"], description="metrics compared")
     variant: Literal["invalid_wrong", "valid_both"] = Field("invalid_wrong", description="Table 5's hard-decision "
                                                                                          "variant for invalid answers")
 

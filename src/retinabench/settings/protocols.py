@@ -29,10 +29,10 @@ class LinearSettings(Section):
 
     section: ClassVar[str] = "linear"
     epochs: PositiveInt = Field(100, description="bookkeeping epochs of steps_per_epoch optimisation steps")
-    steps_per_epoch: PositiveInt = 25
-    batch_size: PositiveInt = 64
-    lr: PositiveFloat = 0.001
-    weight_decay: NonNegativeFloat = 0.0001
+    steps_per_epoch: PositiveInt = Field(25, description="optimisation steps per bookkeeping epoch")
+    batch_size: PositiveInt = Field(64, description="feature vectors per step")
+    lr: PositiveFloat = Field(0.001, description="AdamW learning rate")
+    weight_decay: NonNegativeFloat = Field(0.0001, description="AdamW weight decay")
     warmup_frac: Fraction = Field(0.1, description="linear warm-up over this fraction of the steps, then cosine "
                                                    "decay")
 

@@ -14,7 +14,7 @@ class BootstrapSettings(Section):
     """Bootstrap confidence intervals."""
 
     n_boot: Annotated[int, Field(ge=1000)] = Field(1000, description="resamples (at least 1000)")
-    seed: Seed = 0
+    seed: Seed = Field(0, description="seed of the resampling")
     level: OpenFraction = Field(0.95, description="confidence level")
     unit: BootstrapUnit = Field("patient", description="resampling unit: patient (a patient's images are drawn "
                                                        "together, so correlated eyes and repeat images do not "
@@ -49,17 +49,17 @@ class HarmonisedSettings(Section):
 class TransferSettings(Section):
     """Cross-dataset transfer of the frozen probes (retinabench.protocols.transfer)."""
 
-    protocols: FeatureProtocols = ["linear", "logreg"]
-    seeds: Annotated[list[Seed], Field(min_length=1)] = [0]
-    regimes: Annotated[list[Regime], Field(min_length=1)] = ["u-u"]
+    protocols: FeatureProtocols = Field(["linear", "logreg"], description="frozen probes trained for transfer")
+    seeds: Annotated[list[Seed], Field(min_length=1)] = Field([0], description="seeds of the seeded probes")
+    regimes: Annotated[list[Regime], Field(min_length=1)] = Field(["u-u"], description="training-test regimes")
 
 
 class PairSide(Section):
     """One model of a configured pair."""
 
-    encoder: str
-    protocol: str
-    source: str = "frozen"
+    encoder: str = Field(description="encoder of the encoder registry")
+    protocol: str = Field(description="protocol whose predictions are compared")
+    source: str = Field("frozen", description="prediction source (frozen, transfer, finetune, an interface, ...)")
 
 
 class PairSettings(Section):
@@ -75,8 +75,10 @@ class PairedSettings(Section):
     sources: list[str] = Field(["frozen", "transfer"], description="prediction sources compared (transfer: "
                                                                   "out-of-domain, train dataset != test dataset)")
     protocols: list[str] | None = Field(None, description="null: every protocol")
-    regime: Regime = "u-u"
-    metrics: Annotated[list[PairedMetric], Field(min_length=1)] = ["auroc", "auprc", "accuracy", "f1", "ece"]
+    regime: Regime = Field("u-u", description="regime of the compared test rows")
+    metrics: Annotated[list[PairedMetric], Field(min_length=1)] = Field(
+        ["auroc", "auprc", "accuracy", "f1", "ece"], description="metrics compared (macro variants on multi-class "
+                                                                 "tasks)")
     pairs: list[PairSettings] = Field([], description="[] : every encoder pair within a (source, protocol), a = the "
                                                       "encoder listed first in the config")
     domain: list[str] = Field(["modality", "shift"], min_length=1,
@@ -92,12 +94,12 @@ class PairedSettings(Section):
 class FiguresSettings(Section):
     """Which predictions the reliability figures draw."""
 
-    source: str = "frozen"
+    source: str = Field("frozen", description="prediction source drawn")
     protocol: str | None = Field(None, description="null: linear when run, else the first protocol")
-    regime: Regime = "u-u"
-    seed: int = 0
+    regime: Regime = Field("u-u", description="regime drawn")
+    seed: int = Field(0, description="seed drawn")
     threshold: str = Field("y_pred", description="y_pred: the protocols' own decisions")
-    metric: str = "accuracy"
+    metric: str = Field("accuracy", description="metric of the fairness and subgroup figures")
 
 
 def _attribute(name: str, column: str, **kw) -> AttributeSettings:
@@ -115,7 +117,7 @@ class ReliabilitySettings(Section):
     bootstrap: BootstrapSettings = BootstrapSettings()
     min_group_size: PositiveInt = Field(10, description="rows per fairness group below which its gaps are skipped "
                                                         "(reason recorded)")
-    min_quality_group_size: PositiveInt = 5
+    min_quality_group_size: PositiveInt = Field(5, description="as min_group_size, for the quality strata")
     attributes: list[AttributeSettings] = Field(
         [_attribute("age_median", "age", cut="median"), _attribute("age", "age", cut=60),
          _attribute("sex", "sex", groups=["female", "male"])],
@@ -123,7 +125,8 @@ class ReliabilitySettings(Section):
     quality: list[AttributeSettings] = Field(
         [_attribute("quality", "quality", groups=["good", "poor"])],
         description="quality strata: gaps in accuracy, AUROC, AUPRC, F1, ECE (FOCUS)")
-    fairness_score_attributes: list[str] = ["age_median", "sex"]
+    fairness_score_attributes: list[str] = Field(["age_median", "sex"], description="attributes the fairness "
+                                                                                   "summary score averages")
     harmonised: dict[str, HarmonisedSettings] = Field(
         {}, description="harmonised binary tasks: {id: {definition, not_supported: {dataset: reason}}}")
     transfer: TransferSettings = TransferSettings()
@@ -134,8 +137,8 @@ class ReliabilitySettings(Section):
 class SubsetsSettings(Section):
     """Task subsets the subset analyses rank (a key left out: no subsets of it)."""
 
-    modality: list[str] = []
-    family: list[str] = []
+    modality: list[str] = Field([], description="task modalities ranked as subsets (e.g. cfp, oct)")
+    family: list[str] = Field([], description="task families ranked as subsets (the task registry's family)")
 
 
 class AnalysisSettings(Section):
@@ -161,8 +164,9 @@ class AnalysisSettings(Section):
                                                            "trainer, augmentations)")
     subgroup_metrics: str | None = Field(None, description="subgroup metrics table under results; null: the "
                                                            "reliability layer's reliability/subgroup_metrics.parquet")
-    subgroup_pairs: dict[str, Annotated[list[str], Field(min_length=2, max_length=2)]] = \
-        {"age": ["<60", ">=60"], "sex": ["female", "male"]}
+    subgroup_pairs: dict[str, Annotated[list[str], Field(min_length=2, max_length=2)]] = Field(
+        {"age": ["<60", ">=60"], "sex": ["female", "male"]},
+        description="{attribute: [group a, group b]} compared in the fairness family")
     lr_sweep_metrics: str | None = Field(None, description="learning-rate sweep table under results; null: the "
                                                            "sweep's sweep/lr_sensitivity.parquet when fine-tuning "
                                                            "runs")
