@@ -1,6 +1,9 @@
 # retinabench: data -> splits -> image cache -> features -> frozen probes -> metrics -> ranks -> figures.
 # Run: snakemake --profile profiles/local all   (see README for Slurm, other configs and partial reruns)
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
+
+from retinabench.settings import ConfigError, load
 
 min_version("9.0")
 
@@ -9,6 +12,16 @@ configfile: "config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"
+
+
+# The config through its typed models first (retinabench.settings, docs/configuration.md): every problem in one
+# short message, an unknown key with a "did you mean"; the workflow then reads the validated values (--config
+# strings coerced, defaults filled). The JSON schema is generated from the same models; validating against it
+# afterwards is Snakemake's convention and checks that the committed schema still accepts what the models produce.
+try:
+    config.update(load(config).plain())
+except ConfigError as err:
+    raise WorkflowError(str(err))
 
 
 validate(config, "workflow/schemas/config.schema.yaml")

@@ -25,7 +25,7 @@ def main() -> int:
     t_start = time.perf_counter()
     from retinabench.analysis import AnalysisContext, analysis_outputs
     from retinabench.analysis.families import run_family
-    from retinabench.settings import ANALYSIS_DEFAULTS
+    from retinabench.settings import AnalysisSettings
     from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
                                              synthetic_subgroups, synthetic_sweep)
     t_import = time.perf_counter() - t_start
@@ -44,7 +44,7 @@ def main() -> int:
 
     ctx = AnalysisContext(encoders=encoders, tasks=tasks, datasets=datasets, protocols=protocols,
                           regimes=["u-u", "b-b"], ranking={"metric": "accuracy", "regime": "u-u"},
-                          settings=dict(ANALYSIS_DEFAULTS), lr_source="sweep/lr_sensitivity.parquet",
+                          settings=AnalysisSettings().plain(), lr_source="sweep/lr_sensitivity.parquet",
                           lr_grid="sweep/lr_sweep_metrics.parquet", subgroup_source="reliability/subgroups.parquet",
                           sweep_tasks={"sweep": list(tasks)[0], "check": list(tasks)[1]})
 

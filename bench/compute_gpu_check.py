@@ -28,8 +28,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_cache  # noqa: E402
-from retinabench.compute import benchmark_encoder, compute_settings  # noqa: E402
-from retinabench.protocols.finetune import finetune_settings  # noqa: E402
+from retinabench.compute import benchmark_encoder  # noqa: E402
+from retinabench.settings import ComputeSettings, FinetuneSettings  # noqa: E402
 
 ENCODERS = {  # (small, large): reference GFLOPs at `size` px
     "resnet50_random": {"architecture": "resnet50", "pooling": "avg", "gflops": 8.18, "size": 224},
@@ -65,10 +65,10 @@ def main(argv=None) -> int:
         encoders = SMOKE
         a.device, a.images, a.warmup, a.batch, a.steps, a.threads = "cpu", 3, 1, 4, 2, 1
     small, large = list(encoders)
-    settings = compute_settings({"compute": {
+    settings = ComputeSettings.from_config({"compute": {
         "device": a.device, "precision": a.precision, "threads": a.threads,
         "inference": {"batch_size": 1, "warmup": a.warmup, "images": a.images},
-        "training": {"batch_size": a.batch, "warmup": min(3, a.warmup), "steps": a.steps, "distinct_batches": 2}}})
+        "training": {"batch_size": a.batch, "warmup": min(3, a.warmup), "steps": a.steps, "distinct_batches": 2}}}).plain()
     n_train = 2 * a.batch
     tables = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             t = benchmark_encoder(entry(name, spec), arr, test_rows=range(a.images),
                                   train_rows=range(a.images, a.images + n_train),
                                   train_labels=np.arange(n_train) % 3, n_classes=3, settings=settings,
-                                  train_settings=finetune_settings({}), task="synthetic")
+                                  train_settings=FinetuneSettings().plain(), task="synthetic")
             print(f"{name}: benchmarked in {time.perf_counter() - t0:.1f} s", flush=True)
             tables.append(t)
     table = pd.concat(tables, ignore_index=True)

@@ -21,7 +21,8 @@ import torch
 
 from common import encoder, make_cache, set_threads
 from retinabench.data.image_dataset import CachedImageDataset, StreamBatchSampler
-from retinabench.protocols.finetune import TrainConfig, Trainer, _loader, resolve_workers
+from retinabench.protocols.finetune import TrainConfig, Trainer
+from retinabench.protocols.finetune_train import _loader, resolve_workers
 
 
 def _sync(dev: torch.device) -> None:

@@ -16,13 +16,14 @@ from common import encoder, make_cache, set_threads
 from retinabench.features.extract import extract_features, load_features, to_model_input
 from retinabench.data.image_cache import open_image_cache
 from retinabench.protocols.knn import knn_predict_proba
-from retinabench.protocols.linear import LinearConfig, train_linear_probe
+from retinabench.protocols.linear import train_linear_probe
+from retinabench.settings import KnnSettings, LinearSettings
 
 
 def main(n: int = 320, measured_steps: int = 12) -> float:
     set_threads(2)
     enc = encoder()
-    cfg = LinearConfig()
+    cfg = LinearSettings()
     total_steps = cfg.epochs * cfg.steps_per_epoch
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, n)
@@ -37,7 +38,7 @@ def main(n: int = 320, measured_steps: int = 12) -> float:
 
         t0 = time.perf_counter()
         _, x = load_features(feats_path)
-        knn_predict_proba(x[tr], y[tr], x[np.r_[va, te]], 3)
+        knn_predict_proba(x[tr], y[tr], x[np.r_[va, te]], 3, k=KnnSettings().k, temperature=KnnSettings().temperature)
         head, _ = train_linear_probe(x[tr], y[tr], x[va], y[va], 3, seed=0, weighted=True, cfg=cfg)
         t_cached = time.perf_counter() - t0
 

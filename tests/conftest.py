@@ -66,12 +66,12 @@ def manifest_job(root: Path, results: Path, entry: dict | None = None, dataset: 
     entry = {"name": dataset, "adapter": "tvhl", "root": dataset, "index_files": ["EYE FUNDUS.csv", "OCT.csv"],
              "modalities": ["cfp", "oct"], "web_exposure_risk": "high", **(entry or {})}
     from retinabench.pipeline import Job
-    from retinabench.settings import images_settings
+    from retinabench.settings import ImagesSettings
     d = results / "data" / dataset
     return Job(rule="manifest", input={"index": [str(root / f) for f in entry["index_files"]]},
                output={"manifest": str(d / "manifest.parquet"), "exclusions": str(d / "exclusions.parquet"),
                        "hashes": str(d / "image_hashes.parquet"), "raw_files": str(d / "raw_files.parquet")},
-               params={"dataset": entry, "root": str(root), "images": images_settings({})},
+               params={"dataset": entry, "root": str(root), "images": ImagesSettings().plain()},
                wildcards={"dataset": dataset}, threads=2)
 
 

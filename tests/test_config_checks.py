@@ -1,4 +1,5 @@
-"""Start-up checks of a configuration (retinabench.workflow_plan.check_config) and per-adapter code hashes."""
+"""Start-up checks of a configuration (retinabench.workflow_plan.check_config: what needs more than the config
+itself; the config's own problems are retinabench.settings.load's) and per-adapter code hashes."""
 import copy
 import os
 from pathlib import Path
@@ -6,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retinabench.workflow_plan import (ConfigError, check_config, device_problems,
-                                       plan)
+from retinabench.settings import ConfigError as SettingsError
+from retinabench.settings import load
+from retinabench.workflow_plan import ConfigError, check_config, device_problems, plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,6 +22,7 @@ def base_config(**over):
 
 
 def problems(cfg, **kw):
+    cfg = load(cfg).plain()
     with pytest.raises(ConfigError) as err:
         check_config(cfg, plan(cfg), **kw)
     return err.value.problems
@@ -27,20 +30,33 @@ def problems(cfg, **kw):
 
 def test_the_default_config_passes_and_notes_unbuilt_manifests(tmp_path):
     cfg = base_config(results=str(tmp_path))
+    cfg = load(cfg).plain()
     notes = check_config(cfg, plan(cfg))
     assert any("no manifest yet for phantom, phantom_siteb" in n for n in notes)
 
 
 def test_config_problems_are_all_listed_at_once(tmp_path):
-    cfg = base_config(results=str(tmp_path), encoders=["efficientnet_lite0_in1k", "dinov2_vitb14"])
+    cfg = base_config(results=str(tmp_path))
     cfg["split"] = {**cfg["split"], "fractions": {"train": 0.8, "val": 0.15, "test": 0.15}}
     cfg["features"] = {"batch_size": 64, "device": "gpu"}
+    cfg["knn"] = {"k": 0}
+    with pytest.raises(SettingsError) as err:
+        load(cfg)
+    found = err.value.problems
+    assert len(found) == 3, found
+    assert found[0].startswith("split.fractions: split fractions must sum to 1") and "sum 1.1" in found[0]
+    assert found[1] == "features.device: not a device (auto, cpu, cuda, cuda:N or mps) (got 'gpu')"
+    assert found[2].startswith("knn.k: Input should be greater than or equal to 1; or Input should be 'auto'")
+
+
+def test_start_up_problems_are_all_listed_at_once(tmp_path):
+    cfg = base_config(results=str(tmp_path), encoders=["efficientnet_lite0_in1k", "dinov2_vitb14"])
+    cfg["features"] = {"batch_size": 64, "device": "cuda:99"}
     found = problems(cfg)
-    assert len(found) == 3
-    assert "split: split fractions must sum to 1" in found[0] and "sum 1.1" in found[0]
-    assert "encoder 'dinov2_vitb14' is not locked (hub weights)" in found[1]
-    assert "retinabench lock-encoders dinov2_vitb14" in found[1] and "encoders.lock.yaml" in found[1]
-    assert "features.device: 'gpu' is not a device" in found[2]
+    assert len(found) == 2, found
+    assert "encoder 'dinov2_vitb14' is not locked (hub weights)" in found[0]
+    assert "retinabench lock-encoders dinov2_vitb14" in found[0] and "encoders.lock.yaml" in found[0]
+    assert found[1].startswith("features.device: 'cuda:99' but this machine has")
 
 
 def test_devices_that_do_not_exist_are_refused():

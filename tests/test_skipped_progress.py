@@ -111,7 +111,8 @@ def test_run_stage_ends_the_log_with_the_summary(tmp_path, capsys):
 
 
 def test_opt_in_layers_left_off_are_listed_with_how_to_turn_them_on():
-    rows = skipped.optional_layers({"saliency": {"enabled": False}, "compute": {"enabled": False}})
+    from retinabench.settings import Config
+    rows = skipped.optional_layers(Config().plain())  # every opt-in layer off by default
     assert [r["output"] for r in rows] == ["saliency", "compute", "lora_table5"]
     assert [r["section"] for r in rows] == [skipped.SALIENCY_COMPUTE] * 2 + [skipped.LORA]
     assert "saliency.enabled: true" in rows[0]["reason"] and "compute.enabled: true" in rows[1]["reason"]

@@ -16,13 +16,19 @@ DEFAULT_CONFIG = "config/config.yaml"
 
 
 def _load_config(paths: list[str]) -> dict:
-    """Like the Snakefile: config/config.yaml first, then each --configfile overriding its keys."""
+    """Like the Snakefile: config/config.yaml first, then each --configfile overriding its keys; loaded by
+    retinabench.settings (every problem in one message, an unknown key with a "did you mean"), returned as the
+    validated plain data the workflow reads."""
+    from retinabench.settings import ConfigError, load
     config: dict = {}
     for p in [DEFAULT_CONFIG] + [p for p in (paths or []) if Path(p) != Path(DEFAULT_CONFIG)]:
         if not Path(p).is_file():
             raise SystemExit(f"config file {p} not found (run from the repository root or pass --configfile)")
         config.update(yaml.safe_load(Path(p).read_text()) or {})
-    return config
+    try:
+        return load(config).plain()
+    except ConfigError as err:
+        raise SystemExit(f"retinabench: {err}") from None
 
 
 def _registries(args):
@@ -103,11 +109,10 @@ def _check_datasets(args) -> int:
         for n in names:
             reg.dataset(n)
     elif args.configfile:  # a config given: the datasets it selects
-        names = list(config.get("datasets") or [])
+        names = list(config["datasets"])
     else:
         names = list(reg.datasets)
-    from retinabench.settings import images_settings
-    min_side = images_settings(config)["min_side"]
+    min_side = config["images"]["min_side"]
     results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode, min_side=min_side) for n in names]
     print(f"data_root: {data_root}\n")
     print(format_checks(results))

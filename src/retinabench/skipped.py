@@ -57,13 +57,13 @@ def optional_layers(config: dict) -> list[dict]:
     """Rows for the opt-in layers a config leaves off (saliency maps, the compute benchmark, LoRA), so that the table
     says they were not produced and how to turn them on."""
     rows = []
-    if not (config.get("saliency") or {}).get("enabled"):
+    if not config["saliency"]["enabled"]:
         rows.append(record("saliency", "saliency maps are opt-in: set saliency.enabled: true (needs "
                                        "finetune.enabled: they explain the fine-tuned models)"))
-    if not (config.get("compute") or {}).get("enabled"):
+    if not config["compute"]["enabled"]:
         rows.append(record("compute", "the compute benchmark is opt-in: set compute.enabled: true (its timings "
                                       "and memory belong to the device the jobs run on)"))
-    if not (config.get("lora") or {}).get("enabled"):
+    if not config["lora"]["enabled"]:
         rows.append(record("lora_table5", "LoRA SFT of MLLMs is opt-in: set lora.enabled: true with lora.sources "
                                           "(needs mllm.enabled for the base-model results)"))
     return rows

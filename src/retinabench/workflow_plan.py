@@ -10,6 +10,8 @@ from pathlib import Path
 
 from retinabench.regimes import is_balanced, train_sides
 from retinabench.registry import Registries, RegistryError
+from retinabench.settings.base import DEVICE_PATTERN
+from retinabench.settings.errors import ConfigError as SettingsError
 
 
 GENERATED_FOLDER = "raw"  # generated datasets' raw folders, inside the results folder: <results>/raw/<root>
@@ -36,24 +38,25 @@ class Plan:
 
 
 def plan(config: dict) -> Plan:
+    """What ``config`` (a loaded config's plain data, retinabench.settings) selects."""
     reg = Registries.from_config(config)
-    wanted_datasets = list(config.get("datasets") or [])
+    wanted_datasets = list(config["datasets"])
     for d in wanted_datasets:
         reg.dataset(d)
-    tasks = list(config.get("tasks") or [t for t, e in reg.tasks.items() if e["dataset"] in wanted_datasets])
+    tasks = list(config["tasks"] or [t for t, e in reg.tasks.items() if e["dataset"] in wanted_datasets])
     for t in tasks:
         if reg.task(t)["dataset"] not in wanted_datasets:
             raise RegistryError(f"task {t!r} belongs to dataset {reg.task(t)['dataset']!r}, which the config's "
                                 f"datasets {wanted_datasets} do not include")
     if not tasks:
         raise RegistryError(f"the config selects no tasks (datasets {wanted_datasets})")
-    encoders = list(config.get("encoders") or [])
+    encoders = list(config["encoders"])
     for e in encoders:
         reg.encoder(e)
     if not encoders:
         raise RegistryError("the config selects no encoders")
     datasets = [d for d in wanted_datasets if any(reg.task(t)["dataset"] == d for t in tasks)]
-    return Plan(results=str(config.get("results", "results")), data_root=str(config["data_root"]),
+    return Plan(results=str(config["results"]), data_root=str(config["data_root"]),
                 registries=reg, datasets=datasets, tasks=tasks, encoders=encoders)
 
 
@@ -136,17 +139,17 @@ def module_closure(*modules: str) -> list[Path]:
     return sorted(set(seen.values()))
 
 
-class ConfigError(ValueError):
-    """Problems found in a configuration before any job runs (all of them, one per line)."""
+class ConfigError(SettingsError):
+    """Problems found before any job runs that need more than the config itself (registries, lock records,
+    devices, built manifests); all of them, one per line. The config's own problems are found earlier, by
+    retinabench.settings.load."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("the configuration cannot run:\n" + "\n".join(f"  - {p}" for p in problems)
-                         + "\n(checks on built manifests can be left to the jobs with RETINABENCH_NO_DATA_CHECKS=1, "
-                           "e.g. when an adapter fix will rebuild them)")
+    header = "the configuration cannot run"
+    footer = ("(checks on built manifests can be left to the jobs with RETINABENCH_NO_DATA_CHECKS=1, e.g. when an "
+              "adapter fix will rebuild them)")
 
 
-_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:(\d+))?)$")
+_DEVICE = re.compile(DEVICE_PATTERN)
 
 
 def device_problems(value: str, where: str, *, local: bool, gpus_per_job: int = 1) -> list[str]:
@@ -197,7 +200,7 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
     from retinabench.data.splits import SplitError, assign_splits, task_split
     from retinabench.schemas import read_table
     split_cfg = config["split"]
-    knn_k = (config.get("knn") or {}).get("k", 20) if "knn" in config.get("protocols", []) else None
+    knn_k = config["knn"]["k"] if "knn" in config["protocols"] else None
     problems, notes, unbuilt = [], [], []
     for dataset in plan_.datasets:
         manifest_path = Path(plan_.results) / "data" / dataset / "manifest.parquet"
@@ -218,8 +221,8 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
         try:
             assignment, _ = assign_splits(manifest, dataset_tasks(plan_.registries, dataset),
                                           fractions=split_cfg["fractions"], seed=split_cfg["seed"], duplicates=dups,
-                                          near=split_cfg.get("group_near_duplicates", True),
-                                          method=split_cfg.get("method", "hash"), dataset=dataset)
+                                          near=split_cfg["group_near_duplicates"], method=split_cfg["method"],
+                                          dataset=dataset)
         except SplitError as err:
             problems.append(f"dataset {dataset!r}: {err}")
             continue
@@ -230,7 +233,7 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
                 problems.append(str(err))
                 continue
             if isinstance(knn_k, int):
-                for regime in train_sides(config.get("regimes", [])):
+                for regime in train_sides(config["regimes"]):
                     train = split[split["split"] == "train"]
                     n = int(train["balanced"].sum() if is_balanced(regime) else len(train))
                     if knn_k > n:
@@ -244,26 +247,18 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
 
 
 def check_config(config: dict, plan_: Plan, *, local: bool = True, data: bool = True) -> list[str]:
-    """Every problem of a configuration that is knowable before jobs run, raised at once as a ConfigError;
-    returns notes on what could not be checked yet."""
-    from retinabench.data.splits import SplitError, check_fractions
+    """Every problem of a (loaded: retinabench.settings) configuration that is knowable before jobs run but needs
+    more than the config itself — unpinned encoders, devices missing where the jobs run, class placement and
+    knn.k on built manifests — raised at once as a ConfigError; returns notes on what could not be checked yet."""
     problems: list[str] = []
-    try:
-        check_fractions(config["split"]["fractions"])
-    except SplitError as err:
-        problems.append(f"split: {err}")
-    finetune = config.get("finetune") or {}
+    finetune = config["finetune"]
     encoders = list(plan_.encoders)
-    if finetune.get("enabled"):
-        encoders += [e for e in (finetune.get("encoders") or []) if e not in encoders]
+    if finetune["enabled"]:
+        encoders += [e for e in (finetune["encoders"] or []) if e not in encoders]
     problems += unpinned_encoders(plan_.registries, encoders)
-    problems += device_problems((config.get("features") or {}).get("device", "auto"), "features.device",
-                                local=local)
-    if finetune.get("enabled"):
-        problems += device_problems(finetune.get("device", "auto"), "finetune.device", local=local)
-    k = (config.get("knn") or {}).get("k", 20)
-    if not (k == "auto" or (isinstance(k, int) and k >= 1)):
-        problems.append(f"knn.k must be a positive integer or 'auto', got {k!r}")
+    problems += device_problems(config["features"]["device"], "features.device", local=local)
+    if finetune["enabled"]:
+        problems += device_problems(finetune["device"], "finetune.device", local=local)
     notes: list[str] = []
     if os.environ.get("RETINABENCH_NO_DATA_CHECKS"):
         data = False

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from retinabench.compute import (COMPUTE_COLUMNS, PeakMemory, benchmark_encoder, compute_settings, count_flops)
-from retinabench.protocols.finetune import finetune_settings
+from retinabench.compute import COMPUTE_COLUMNS, PeakMemory, benchmark_encoder, count_flops
+from retinabench.settings import ComputeSettings, ConfigError, FinetuneSettings
 
 
 def entry(name, arch, size=64):
@@ -23,9 +23,9 @@ def one_thread():
 
 
 SMALL, LARGE = entry("small", "test_resnet"), entry("large", "resnet18")  # 0.37 M vs 11.2 M parameters
-SETTINGS = compute_settings({"compute": {"threads": 1, "inference": {"warmup": 3},
-                                         "training": {"batch_size": 8, "warmup": 2, "steps": 6,
-                                                      "distinct_batches": 2}}})
+SETTINGS = ComputeSettings.from_config({"compute": {"threads": 1, "inference": {"warmup": 3},
+                                                    "training": {"batch_size": 8, "warmup": 2, "steps": 6,
+                                                                 "distinct_batches": 2}}}).plain()
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def tables(tmp_path_factory):
     arr = tmp / "images.npy"
     np.save(arr, np.random.default_rng(0).integers(0, 255, (40, 64, 64, 3), dtype=np.uint8))
     kw = dict(test_rows=range(16), train_rows=range(16, 40), train_labels=[0, 1, 2] * 8, n_classes=3,
-              settings=SETTINGS, train_settings=finetune_settings({}), task="t")
+              settings=SETTINGS, train_settings=FinetuneSettings().plain(), task="t")
     return {"small": benchmark_encoder(SMALL, arr, **kw), "large": benchmark_encoder(LARGE, arr, **kw),
             "small_again": benchmark_encoder(SMALL, arr, **kw)}
 
@@ -100,16 +100,16 @@ def test_peak_memory_sees_a_transient_allocation():
 
 
 def test_settings_defaults_and_errors():
-    s = compute_settings({})
-    assert s["inference"]["batch_size"] == 1 and s["training"]["batch_size"] == 64
-    assert s["training"]["steps"] == 25 and s["training"]["protocols"] == ["finetune", "linear_aug"]
-    assert compute_settings({"compute": {"training": {"steps": 5}}})["training"]["batch_size"] == 64
-    with pytest.raises(KeyError, match="compute: unknown"):
-        compute_settings({"compute": {"step": 5}})
-    with pytest.raises(KeyError, match="compute.training: unknown"):
-        compute_settings({"compute": {"training": {"step": 5}}})
-    with pytest.raises(ValueError, match="protocols"):
-        compute_settings({"compute": {"training": {"protocols": ["lora"]}}})
+    s = ComputeSettings.from_config({})
+    assert s.inference.batch_size == 1 and s.training.batch_size == 64
+    assert s.training.steps == 25 and s.training.protocols == ["finetune", "linear_aug"]
+    assert ComputeSettings.from_config({"compute": {"training": {"steps": 5}}}).training.batch_size == 64
+    with pytest.raises(ConfigError, match="compute.step: unknown key; known keys of compute: enabled, encoders, task"):
+        ComputeSettings.from_config({"compute": {"step": 5}})
+    with pytest.raises(ConfigError, match="compute.training.step: unknown key; did you mean 'compute.training.steps'"):
+        ComputeSettings.from_config({"compute": {"training": {"step": 5}}})
+    with pytest.raises(ConfigError, match="compute.training.protocols\\[0\\]: Input should be 'finetune' or"):
+        ComputeSettings.from_config({"compute": {"training": {"protocols": ["lora"]}}})
 
 
 def test_a_failing_worker_raises_with_its_traceback(tmp_path):
@@ -117,4 +117,4 @@ def test_a_failing_worker_raises_with_its_traceback(tmp_path):
     np.save(arr, np.zeros((4, 32, 32, 3), np.uint8))
     with pytest.raises(RuntimeError, match="compute benchmark of broken failed"):
         benchmark_encoder(entry("broken", "no_such_architecture"), arr, test_rows=[0], train_rows=[1, 2],
-                          train_labels=[0, 1], n_classes=2, settings=SETTINGS, train_settings=finetune_settings({}))
+                          train_labels=[0, 1], n_classes=2, settings=SETTINGS, train_settings=FinetuneSettings().plain())

@@ -10,9 +10,11 @@ from retinabench.analysis import FAMILIES, AnalysisContext, analysis_outputs, fa
 from retinabench.analysis.families import run_family
 from retinabench.analysis.plan import FAMILY_RULES
 from retinabench.pipeline import Job, run_stage
-from retinabench.settings import ANALYSIS_DEFAULTS
+from retinabench.settings import AnalysisSettings
 from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
                                          synthetic_subgroups, synthetic_sweep)
+
+ANALYSIS_DEFAULTS = AnalysisSettings().plain()
 
 PROTOCOLS = ["knn", "linear", "linear_aug", "finetune"]
 

@@ -7,7 +7,7 @@ import yaml
 
 from retinabench.metrics.coverage import Coverage, label_exclusions
 from retinabench.reliability import harmonised_coverage
-from retinabench.settings import reliability_settings
+from retinabench.settings import ReliabilitySettings
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
 
@@ -42,7 +42,7 @@ def test_coverage_rows_are_checked_and_deduplicated():
 
 
 def test_config_records_unsupported_harmonised_tasks_for_tvhl_and_phantom(registries):
-    settings = reliability_settings(yaml.safe_load(REPO_CONFIG.read_text()))
+    settings = ReliabilitySettings.from_config(yaml.safe_load(REPO_CONFIG.read_text()))
     for datasets in (["tvhl"], ["phantom", "phantom_siteb"]):
         tasks = {n: t for n, t in registries.tasks.items() if t["dataset"] in datasets}
         cov = harmonised_coverage(settings, datasets, tasks)

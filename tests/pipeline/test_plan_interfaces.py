@@ -24,12 +24,15 @@ def config(**sections):
 def test_interfaces_are_off_by_default_and_their_sections_agree_with_registry_schema_and_config():
     p = WorkflowPlan(config())
     assert p.interfaces.jobs == {} and p.interfaces.targets() == []
-    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())["properties"]
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
     c = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     for name in PROTOCOLS.names("prompts"):
         spec = PROTOCOLS.get(name)
-        assert set(schema[spec.section]["properties"]) == set(spec.defaults), name
-        assert c[spec.section] == spec.defaults, name
+        model = spec.settings_model
+        from retinabench.protocols.interfaces import INTERFACES
+        assert INTERFACES[name].section is model and issubclass(model, INTERFACES[name].settings), name
+        assert set(schema["$defs"][model.__name__]["properties"]) == set(model.model_fields), name
+        assert c[spec.section] == spec.settings({}).plain(), name
         assert spec.family[0] == name and len(spec.family) == 2 and callable(spec.job())
 
 

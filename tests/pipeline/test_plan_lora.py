@@ -9,6 +9,7 @@ import yaml
 
 from retinabench.pipeline.plan import WorkflowPlan
 from retinabench.pipeline.plan.code import rule_code_files
+from retinabench.settings import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 MLLM = "medgemma_4b_it"
@@ -31,16 +32,16 @@ def lora_config(lora=None, mllm=None, tasks=None):
 def test_lora_is_off_by_default_and_its_section_agrees_with_the_schema():
     p = WorkflowPlan(config())
     assert p.lora.jobs == {} and p.lora.targets() == [] and p.lora.problems() == []
-    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())["properties"]["lora"]
-    from retinabench.settings import LORA_DEFAULTS
-    assert set(schema["properties"]) == set(LORA_DEFAULTS)
-    assert set(schema["properties"]["deltas"]["properties"]) == set(LORA_DEFAULTS["deltas"])
+    from retinabench.settings import LoraSection
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())["$defs"]
+    assert set(schema["LoraSection"]["properties"]) == set(LoraSection.model_fields)
+    assert set(schema["LoraDeltas"]["properties"]) == set(LoraSection().deltas.plain())
     from retinabench.protocols.lora_launch import train_job
     from retinabench.protocols.registry import PROTOCOLS
     spec = PROTOCOLS.get("mllm_lora")
     assert spec.kind == "images" and spec.family == ("mllm_lora", "mllm_lora_renorm") and spec.job() is train_job
-    assert spec.settings({"lora": {"gpus": 2}})["gpus"] == 2 and spec.settings({})["deltas"]["unit"] == "patient"
-    with pytest.raises(KeyError, match="lora: unknown key"):
+    assert spec.settings({"lora": {"gpus": 2}}).gpus == 2 and spec.settings({}).deltas.unit == "patient"
+    with pytest.raises(ConfigError, match="lora.gpu: unknown key; did you mean 'lora.gpus'"):
         spec.settings({"lora": {"gpu": 2}})
 
 
@@ -86,9 +87,9 @@ def test_sources_are_task_names_or_patterns_and_explicit_test_tasks_are_filtered
         WorkflowPlan(lora_config(lora={"sources": ["phantom_cfp_dr3"]}))
     with pytest.raises(ValueError, match="names no source"):
         WorkflowPlan(lora_config(lora={"sources": []}))
-    with pytest.raises(KeyError, match="lora: unknown key.*'rank'"):
+    with pytest.raises(ConfigError, match="lora.train.rank: unknown key; known keys of lora.train: r, alpha"):
         WorkflowPlan(lora_config(lora={"train": {"rank": 8}}))
-    with pytest.raises(KeyError, match="lora.deltas: unknown key"):
+    with pytest.raises(ConfigError, match="lora.deltas.nboot: unknown key; did you mean .lora.deltas.n_boot."):
         WorkflowPlan(lora_config(lora={"deltas": {"nboot": 1000}}))
 
 

@@ -3,7 +3,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +15,11 @@ from retinabench.data.image_dataset import (CachedImageDataset, SequentialBatchS
                                             worker_init)
 from retinabench.protocols.augment import Augment, augment_batch, build_train_transform
 from retinabench.protocols.common import warmup_cosine
-from retinabench.protocols.finetune import (CheckpointError, DivergedError, TrainConfig, Trainer, finetune_settings,
-                                            fit, load_checkpoint, run_finetune)
+from retinabench.protocols.finetune import CheckpointError, DivergedError, TrainConfig, Trainer, run_finetune
+from retinabench.protocols.finetune_checkpoints import load_checkpoint
+from retinabench.protocols.finetune_train import fit
 from retinabench.schemas import conform
+from retinabench.settings import ConfigError, FinetuneSettings
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = {"name": "t", "dataset": "d", "classes": ["a", "b"], "ordinal": False}
@@ -95,7 +96,7 @@ def test_augment_is_a_function_of_the_sample_seed():
     assert a.dtype == torch.uint8 and a.shape == img.shape
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert build_train_transform({"enabled": False}) is None
-    with pytest.raises(KeyError, match="unknown key"):
+    with pytest.raises(ConfigError, match="finetune.augment.sclae: unknown key; did you mean .finetune.augment.scale."):
         Augment({"sclae": [0.8, 1.2]})
 
 
@@ -158,14 +159,14 @@ def test_training_is_deterministic_per_seed(entry, data):
 
 
 def test_training_with_loader_workers_equals_training_without(data):
-    t0, r0 = train(VIT, data, cfg=replace(CFG, epochs=2))
-    t2, r2 = train(VIT, data, cfg=replace(CFG, epochs=2, num_workers=2))
+    t0, r0 = train(VIT, data, cfg=CFG.model_copy(update=dict(epochs=2)))
+    t2, r2 = train(VIT, data, cfg=CFG.model_copy(update=dict(epochs=2, num_workers=2)))
     assert r2.compute["num_workers"] == 2
     assert r0.log == r2.log and states_equal(t0.trainable_state(), t2.trainable_state())
 
 
 def test_schedule_warmup_then_cosine_on_both_groups(data):
-    cfg = replace(CFG, epochs=10, steps_per_epoch=2, warmup_frac=0.2)
+    cfg = CFG.model_copy(update=dict(epochs=10, steps_per_epoch=2, warmup_frac=0.2))
     trainer, res = train(VIT, data, cfg=cfg)
     f = warmup_cosine(cfg.total_steps, cfg.warmup_frac)
     lrs = [r["lr"] for r in res.log]
@@ -181,7 +182,7 @@ def test_schedule_warmup_then_cosine_on_both_groups(data):
 
 
 def test_returned_weights_are_the_best_validation_epoch(data):
-    cfg = replace(CFG, epochs=6, lr_encoder=3e-3, lr_classifier=3e-2)
+    cfg = CFG.model_copy(update=dict(epochs=6, lr_encoder=3e-3, lr_classifier=3e-2))
     trainer, res = train(CNN, data, cfg=cfg)
     losses = [r["val_loss"] for r in res.log]
     assert res.best_epoch == int(np.argmin(losses)) and res.best_val_loss == min(losses)
@@ -269,7 +270,7 @@ def test_run_finetune_outputs_follow_the_schemas(data):
     from retinabench.metrics.classification import metrics_table
     arr, index, split = data
     out = run_finetune(arr, index, split, TASK, CNN, protocol="linear_aug", seed=3, regimes=["u-u", "u-b", "b-b"],
-                       cfg=replace(CFG, epochs=2), log=lambda m: None)
+                       cfg=CFG.model_copy(update=dict(epochs=2)), log=lambda m: None)
     conform(out.predictions, "predictions")
     conform(out.log, "training_log")
     p = out.predictions
@@ -289,7 +290,7 @@ def test_run_finetune_outputs_follow_the_schemas(data):
 def test_a_diverging_run_stops_and_keeps_its_best_epoch(data, nan_from_step):
     from retinabench.models import build_encoder
     arr, _, split = data
-    trainer = Trainer(build_encoder(VIT), 2, protocol="finetune", seed=0, cfg=replace(CFG, epochs=6))
+    trainer = Trainer(build_encoder(VIT), 2, protocol="finetune", seed=0, cfg=CFG.model_copy(update=dict(epochs=6)))
     step = trainer.train_step
 
     def blow_up(*batch):  # what a far too high learning rate does: the weights go non-finite
@@ -311,12 +312,12 @@ def test_a_diverging_run_stops_and_keeps_its_best_epoch(data, nan_from_step):
 
 
 def test_settings_reject_unknown_keys():
-    assert finetune_settings({})["epochs"] == 100
-    with pytest.raises(KeyError, match="finetune: unknown key"):
-        finetune_settings({"finetune": {"epoch": 3}})
+    assert FinetuneSettings.from_config({}).epochs == 100
+    with pytest.raises(ConfigError, match="finetune.epoch: unknown key; did you mean 'finetune.epochs'"):
+        FinetuneSettings.from_config({"finetune": {"epoch": 3}})
     # the vision fine-tuning layer has no LoRA protocol; MLLM LoRA SFT is the `lora:` stage (tests/pipeline/test_plan_lora.py)
-    with pytest.raises(ValueError, match=r"finetune.protocols.*its own stage: config `lora:`"):
-        finetune_settings({"finetune": {"protocols": ["mllm_lora"]}})
+    with pytest.raises(ConfigError, match=r"finetune.protocols.*its own stage: config `lora:`"):
+        FinetuneSettings.from_config({"finetune": {"protocols": ["mllm_lora"]}})
 
 
 def test_stage_writes_outputs_sidecars_and_records_the_chosen_lr(data, tmp_path):
@@ -330,10 +331,8 @@ def test_stage_writes_outputs_sidecars_and_records_the_chosen_lr(data, tmp_path)
     chosen = tmp_path / "chosen.json"
     chosen.write_text(json.dumps({"encoder": "vit_micro", "lr_classifier": 0.01, "lr_encoder": 0.001}))
     out = {k: str(tmp_path / "out" / f"{k}.parquet") for k in ("predictions", "log", "metrics", "compute")}
-    settings = {k: v for k, v in finetune_settings({"finetune": {"epochs": 2, "steps_per_epoch": 2,
-                                                                "batch_size": 8}}).items()
-                if k not in ("enabled", "protocols", "encoders", "tasks", "seeds", "regimes", "threads",
-                             "lr_encoder", "lr_classifier")}
+    settings = FinetuneSettings(epochs=2, steps_per_epoch=2, batch_size=8).plain(
+        exclude={*FinetuneSettings.NOT_RESULT, "lr_encoder", "lr_classifier"})
     job = Job(rule="finetune", input={"array": str(arr), "index": str(tmp_path / "index.parquet"),
                                       "split": str(tmp_path / "split.parquet"), "lr": str(chosen)},
               output=out, params={"finetune": settings, "task": TASK, "encoder": VIT, "regimes": ["u-u"],

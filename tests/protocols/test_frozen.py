@@ -6,7 +6,8 @@ import torch
 from retinabench.protocols.common import class_weights, warmup_cosine
 from retinabench.protocols.frozen import run_frozen
 from retinabench.protocols.knn import knn_predict_proba
-from retinabench.protocols.linear import LinearConfig, train_linear_probe
+from retinabench.protocols.linear import train_linear_probe
+from retinabench.settings import LinearSettings
 
 TASK = {"name": "t", "dataset": "d", "classes": ["a", "b"], "ordinal": False}
 
@@ -45,7 +46,7 @@ def test_knn_probabilities_and_hand_case():
 
 def test_linear_probe_learns_selects_best_val_and_is_deterministic():
     x, y = blobs()
-    cfg = LinearConfig(epochs=20, steps_per_epoch=10, lr=1e-2)
+    cfg = LinearSettings(epochs=20, steps_per_epoch=10, lr=1e-2)
     h1, log1 = train_linear_probe(x[:200], y[:200], x[200:], y[200:], 2, seed=0, weighted=True, cfg=cfg)
     h2, log2 = train_linear_probe(x[:200], y[:200], x[200:], y[200:], 2, seed=0, weighted=True, cfg=cfg)
     assert torch.equal(h1.weight, h2.weight) and log1 == log2
@@ -91,7 +92,7 @@ def test_feature_constant_on_train_does_not_blow_up_validation():
     x, y = blobs(n=300)
     x = np.c_[x, np.zeros(len(x), dtype=np.float32)]
     x[200:, -1] = 50.0 * np.random.default_rng(1).random(100)
-    cfg = LinearConfig(epochs=20, steps_per_epoch=10, lr=1e-2)
+    cfg = LinearSettings(epochs=20, steps_per_epoch=10, lr=1e-2)
     head, log = train_linear_probe(x[:200], y[:200], x[200:], y[200:], 2, seed=0, weighted=True, cfg=cfg)
     assert min(r["val_loss"] for r in log) < 0.5
     assert (head(torch.from_numpy(x[200:])).argmax(1).numpy() == y[200:]).mean() > 0.8
@@ -101,6 +102,6 @@ def test_knn_k_larger_than_the_training_set_is_an_error_and_auto_is_resolved():
     from retinabench.protocols.knn import resolve_k
     train = np.eye(3, dtype=np.float32)
     with pytest.raises(ValueError, match="k = 4 but the training set has 3 images"):
-        knn_predict_proba(train, np.array([0, 1, 1]), train[:1], 2, k=4)
+        knn_predict_proba(train, np.array([0, 1, 1]), train[:1], 2, k=4, temperature=0.07)
     assert resolve_k("auto", 3) == 3 and resolve_k("auto", 500) == 20 and resolve_k(7, 500) == 7
-    assert knn_predict_proba(train, np.array([0, 1, 1]), train[:1], 2, k="auto").shape == (1, 2)
+    assert knn_predict_proba(train, np.array([0, 1, 1]), train[:1], 2, k="auto", temperature=0.07).shape == (1, 2)

@@ -15,7 +15,8 @@ from retinabench.protocols.interfaces import (INTERFACES, MLLMSettings, TaskInpu
 from retinabench.protocols.mllm import answer_counts
 from retinabench.protocols.zeroshot import ece_difference
 from retinabench.schemas import read_table, write_table
-from retinabench.reliability import evaluate_predictions, reliability_settings
+from retinabench.reliability import evaluate_predictions
+from retinabench.settings import ReliabilitySettings
 from retinabench.testing.tiny_models import build_tiny_siglip
 
 from tests.conftest import REPO
@@ -98,7 +99,7 @@ def test_metrics_and_reliability_tables_for_both_interfaces(tables, interface):
     else:
         assert "invalid_rate" not in set(m["metric"])
     out = evaluate_predictions(preds, manifest, excl, {TASK["name"]: split}, {TASK["name"]: TASK},
-                               reliability_settings({}), source=interface)
+                               ReliabilitySettings(), source=interface)
     assert set(out["metrics"]["protocol"]) == set(preds["protocol"])
     assert len(out["calibration"]) == preds["protocol"].nunique()
     sub = out["subgroups"]
@@ -138,12 +139,14 @@ def test_prompt_variant_spread_and_ece_difference_from_the_job_tables(tables):
 
 
 def test_settings_and_entry_selection_are_checked():
-    assert ZeroShotSettings.from_config(None) == ZeroShotSettings()
-    assert MLLMSettings.from_config({"regimes": ["u-u", "b-b"]}).regimes == ("u-u", "b-b")
-    with pytest.raises(KeyError, match="max_tokens"):
-        MLLMSettings.from_config({"max_tokens": 4})
-    with pytest.raises(ValueError, match="regimes"):
-        ZeroShotSettings.from_config({"regimes": ["x-y"]})
+    from retinabench.settings import ConfigError, MLLMSection
+    assert ZeroShotSettings.of(None, "zeroshot") == ZeroShotSettings()
+    assert MLLMSettings.of({"regimes": ["u-u", "b-b"]}, "mllm").regimes == ["u-u", "b-b"]
+    assert MLLMSection.of({"enabled": True, "batch_size": 2}).job() == MLLMSettings(batch_size=2)
+    with pytest.raises(ConfigError, match="mllm.max_tokens: unknown key; did you mean 'mllm.max_new_tokens'"):
+        MLLMSettings.of({"max_tokens": 4}, "mllm")
+    with pytest.raises(ConfigError, match=r"zeroshot.regimes\[0\]: Input should be 'u-u'"):
+        ZeroShotSettings.of({"regimes": ["x-y"]}, "zeroshot")
     encoders = {"a": {"interfaces": ["features", "zeroshot"]}, "b": {"interfaces": ["mllm"]},
                 "c": {"zeroshot_note": "needs its own code"}}
     assert selected_entries(encoders, "zeroshot") == ["a"] and selected_entries(encoders, "mllm") == ["b"]

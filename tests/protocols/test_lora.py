@@ -99,15 +99,16 @@ def predictions(world, prompts, base, trained):
 
 # --- settings ---------------------------------------------------------------------------------------------------
 def test_settings_default_to_focus_and_reject_unknown_keys():
-    s = L.LoraSettings.from_config({"lora": {}})
+    from retinabench.settings import ConfigError, LoraSection
+    s = LoraSection.from_config({"lora": {}}).train
     assert (s.r, s.alpha, s.dropout, s.bias, s.epochs, s.lr) == (16, 16, 0.05, "none", 1.0, 2e-5)
     assert s.batching({"params_m": 8355.3}) == (4, 4)          # LLaVA-NeXT-8B
     assert s.batching({"params_m": 27447.6}) == (1, 8)         # Gemma-3-27B / MedGemma-27B
     assert s.label_mask == "answer" and s.precision == "auto" and s.gradient_checkpointing == "auto"
-    with pytest.raises(KeyError, match="unknown key.*'rank'"):
-        L.LoraSettings.from_config({"lora": {"rank": 8}})
-    with pytest.raises(ValueError, match="bias"):
-        L.LoraSettings(bias="all")
+    with pytest.raises(ConfigError, match="lora.train.rank: unknown key"):
+        LoraSection.from_config({"lora": {"train": {"rank": 8}}})
+    with pytest.raises(ConfigError, match="lora.train.bias: Input should be 'none'"):
+        L.LoraSettings.of({"bias": "all"}, "lora.train")
     assert L._resolve_precision(s, torch.device("cuda")) == (True, True)
     assert L._resolve_precision(s, torch.device("cpu")) == (False, False)
 

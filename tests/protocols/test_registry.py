@@ -10,6 +10,7 @@ import yaml
 from retinabench.protocols.centroid import fit, predict
 from retinabench.protocols.frozen import run_frozen
 from retinabench.protocols.registry import PROTOCOLS, Protocol, ProtocolRegistry, frozen_protocols
+from retinabench.settings import CentroidSettings
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = {"name": "t", "dataset": "d", "classes": ["a", "b", "c"], "ordinal": False}
@@ -26,37 +27,35 @@ def test_duplicates_and_unknown_kinds_are_refused():
         reg.check(["zeroshot"], "features", "protocols")
 
 
-def test_a_prompt_protocol_with_typed_settings_fits_the_registry():
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Typed:
-        batch_size: int = 64
-
-        @classmethod
-        def from_config(cls, section):
-            return cls(**section)
-
-    spec = Protocol("mllm", "prompts", "retinabench.protocols.centroid:predict", section="mllm",
-                    family=("mllm", "mllm_renorm"), settings_class=Typed)
-    assert spec.settings({"mllm": {"batch_size": 8}}) == Typed(8)
-    assert spec.job() is predict
+def test_a_protocols_settings_are_its_sections_model():
+    from retinabench.settings import ConfigError, MLLMSection
+    spec = PROTOCOLS.get("mllm")
+    typed = spec.settings({"mllm": {"batch_size": "4"}})  # --config gives strings: coerced by the model
+    assert isinstance(typed, MLLMSection) and typed.batch_size == 4 and typed.max_new_tokens == 8
+    assert PROTOCOLS.get("knn").settings({}).k == 20  # the one default, on the model
+    with pytest.raises(ConfigError, match="centroid.k: unknown key"):
+        PROTOCOLS.get("centroid").settings({"centroid": {"k": 3}})
+    with pytest.raises(KeyError, match="no config section 'nosuch'"):
+        Protocol("x", "features", "m", section="nosuch")
+    assert Protocol("x", "prompts", "retinabench.protocols.centroid:predict").job() is predict
 
 
 def test_schema_enums_and_config_sections_come_from_the_registry():
-    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())["properties"]
-    assert schema["protocols"]["items"]["enum"] == frozen_protocols()
-    transfer = schema["reliability"]["properties"]["transfer"]["properties"]["protocols"]
+    import typing
+
+    from retinabench.settings.base import FeatureProtocol
+    assert list(typing.get_args(FeatureProtocol)) == frozen_protocols()
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["properties"]["protocols"]["items"]["enum"] == frozen_protocols()
+    transfer = schema["$defs"]["TransferSettings"]["properties"]["protocols"]
     assert transfer["items"]["enum"] == frozen_protocols()
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     for name in frozen_protocols():
         spec = PROTOCOLS.get(name)
-        assert set(schema[spec.section]["properties"]) == set(spec.defaults), name
-        assert config[spec.section] == spec.defaults, f"config/config.yaml `{spec.section}:` is not the default"
+        assert config[spec.section] == spec.settings({}).plain(), f"config/config.yaml `{spec.section}:` is not " \
+                                                                  "the default"
         module = spec.code()
         assert callable(module.fit) and callable(module.predict)
-    with pytest.raises(KeyError, match="centroid: unknown key"):
-        PROTOCOLS.get("centroid").settings({"centroid": {"k": 3}})
 
 
 def blobs(n=240, dim=8, seed=0):
@@ -68,7 +67,7 @@ def blobs(n=240, dim=8, seed=0):
 
 def test_centroid_probe_by_hand_and_imbalance_free():
     x = np.array([[2.0, 0.0], [1.0, 0.0], [0.0, 3.0]])
-    model, log = fit(x, np.array([0, 0, 1]), None, None, 2, seed=0, balanced=False, settings={"temperature": 0.5})
+    model, log = fit(x, np.array([0, 0, 1]), None, None, 2, seed=0, balanced=False, settings=CentroidSettings(temperature=0.5))
     assert log is None
     np.testing.assert_allclose(model["prototypes"], [[1.0, 0.0], [0.0, 1.0]])
     p = predict(model, np.array([[1.0, 1.0]]))  # equidistant -> 1/2 each; on the axis: softmax((1 - 0) / 0.5)
@@ -76,10 +75,10 @@ def test_centroid_probe_by_hand_and_imbalance_free():
     np.testing.assert_allclose(predict(model, np.array([[1.0, 0.0]]))[0, 0], 1 / (1 + np.exp(-2.0)))
     # repeating one class's images leaves the prototypes unchanged (no class prior)
     more, _ = fit(np.vstack([x, x[:2]]), np.array([0, 0, 1, 0, 0]), None, None, 2, seed=0, balanced=False,
-                  settings={})
+                  settings=CentroidSettings())
     np.testing.assert_allclose(more["prototypes"], model["prototypes"])
     with pytest.raises(ValueError, match="classes \\[2\\] have no training images"):
-        fit(x, np.array([0, 0, 1]), None, None, 3, seed=0, balanced=False, settings={})
+        fit(x, np.array([0, 0, 1]), None, None, 3, seed=0, balanced=False, settings=CentroidSettings())
 
 
 def test_centroid_runs_through_the_frozen_job_once_per_regime():

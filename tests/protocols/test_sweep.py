@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from retinabench.protocols.finetune import DivergedError, TrainConfig
-from retinabench.protocols.sweep import (RUNS_COLUMNS, SENSITIVITY_COLUMNS, choose_lr, chosen_record, encoder_grid,
-                                         run_sweep_stage, sensitivity_table, sweep_settings, sweep_tasks)
+from retinabench.protocols.sweep import (RUNS_COLUMNS, SENSITIVITY_COLUMNS, choose_lr, chosen_record, run_sweep_stage,
+                                         sensitivity_table)
+from retinabench.settings import ConfigError, SweepSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_finetune import TASK, VIT, make_data  # noqa: E402
@@ -32,15 +33,17 @@ def test_choose_lr_is_the_argmin_of_the_seed_mean_validation_loss():
 
 
 def test_grids_tasks_and_settings():
-    s = sweep_settings({"sweep": {"encoders": {"a": {"lr_encoder": [1e-3, 1e-5]}}}})
-    assert encoder_grid(s, "a") == {"lr_classifier": [1e-4, 1e-3, 1e-2], "lr_encoder": [1e-5, 1e-3]}
-    assert encoder_grid(s, "b")["lr_encoder"] == [1e-7, 1e-6, 1e-5, 1e-4, 1e-3]
-    assert sweep_tasks(s, ["t1", "t2", "t3"]) == ("t1", "t2")
-    assert sweep_tasks({**s, "task": "t3", "sensitivity_task": None}, ["t1", "t3"]) == ("t3", None)
-    with pytest.raises(KeyError, match="sweep: unknown key"):
-        sweep_settings({"sweep": {"lr": [1]}})
-    with pytest.raises(ValueError, match="distinct positive"):
-        encoder_grid({**s, "encoders": {"a": {"lr_encoder": [0.0]}}}, "a")
+    s = SweepSettings.from_config({"sweep": {"encoders": {"a": {"lr_encoder": [1e-3, 1e-5]}}}})
+    assert s.grid("a") == {"lr_classifier": [1e-4, 1e-3, 1e-2], "lr_encoder": [1e-5, 1e-3]}
+    assert s.grid("b")["lr_encoder"] == [1e-7, 1e-6, 1e-5, 1e-4, 1e-3]
+    assert s.tasks(["t1", "t2", "t3"]) == ("t1", "t2")
+    assert s.model_copy(update={"task": "t3", "sensitivity_task": None}).tasks(["t1", "t3"]) == ("t3", None)
+    with pytest.raises(ConfigError, match="sweep.lr: unknown key"):
+        SweepSettings.from_config({"sweep": {"lr": [1]}})
+    with pytest.raises(ConfigError, match="sweep.encoders.a.lr_encoder\\[0\\]: Input should be greater than 0"):
+        SweepSettings.from_config({"sweep": {"encoders": {"a": {"lr_encoder": [0.0]}}}})
+    with pytest.raises(ConfigError, match="repeated: \\[0.001\\]"):
+        SweepSettings.from_config({"sweep": {"lr_encoder": [1e-3, 1e-3]}})
 
 
 def test_two_stages_pick_the_argmin_and_chain(tmp_path):

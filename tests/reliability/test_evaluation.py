@@ -5,7 +5,7 @@ import pytest
 
 from retinabench.metrics.thresholds import choose_threshold
 from retinabench.reliability import KINDS, evaluate_predictions, summary_scores, table_columns
-from retinabench.settings import reliability_settings
+from retinabench.settings import ConfigError, ReliabilitySettings
 
 TASK = {"name": "d_bin", "dataset": "d", "label": "lab", "classes": ["no", "yes"], "modality": "cfp",
         "ordinal": False}
@@ -44,7 +44,7 @@ def world(n_patients=160, seed=0, with_attributes=True):
 @pytest.fixture(scope="module")
 def evaluated():
     manifest, excl, splits, preds = world()
-    settings = reliability_settings({})
+    settings = ReliabilitySettings()
     return manifest, preds, evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, settings,
                                                  source="frozen")
 
@@ -74,7 +74,7 @@ def test_validation_threshold_is_carried_unchanged_to_test(evaluated):
     manifest, excl, splits, preds2 = world()
     preds2.loc[preds2["split"] == "test", "p_yes"] = 0.99
     preds2["p_no"] = 1 - preds2["p_yes"]
-    out2 = evaluate_predictions(preds2, manifest, excl, splits, {"d_bin": TASK}, reliability_settings({}),
+    out2 = evaluate_predictions(preds2, manifest, excl, splits, {"d_bin": TASK}, ReliabilitySettings(),
                                 source="frozen")
     pd.testing.assert_series_equal(out2["thresholds"]["value"], thr["value"])
 
@@ -125,7 +125,7 @@ def test_subgroups_gaps_and_coverage(evaluated):
 
 def test_dataset_without_age_or_sex_is_skipped_with_the_reason_never_silently():
     manifest, excl, splits, preds = world(with_attributes=False)
-    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, reliability_settings({}),
+    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, ReliabilitySettings(),
                                source="frozen")
     gaps = out["gaps"]
     assert gaps["skipped"].all()
@@ -133,7 +133,7 @@ def test_dataset_without_age_or_sex_is_skipped_with_the_reason_never_silently():
     cov = out["coverage"]
     skipped = cov[(cov["status"] == "skipped") & cov["scope"].str.startswith("attribute:")]
     assert set(skipped["scope"]) == {"attribute:age_median", "attribute:age", "attribute:sex", "attribute:quality"}
-    scores = summary_scores(gaps, out["metrics"], {"d_bin": TASK}, reliability_settings({}))
+    scores = summary_scores(gaps, out["metrics"], {"d_bin": TASK}, ReliabilitySettings())
     fair = scores[scores["score"] == "fairness"]
     assert fair["value"].isna().all() and fair["reason"].str.contains("no sex values").all()
 
@@ -146,7 +146,7 @@ def test_multiclass_uses_y_pred_only_and_top_label_ece():
     p /= p.sum(1, keepdims=True)
     preds = preds.drop(columns=["p_no", "p_yes"]).assign(task="d_tri", y_true=y, y_pred=p.argmax(1),
                                                          p_a=p[:, 0], p_b=p[:, 1], p_c=p[:, 2])
-    out = evaluate_predictions(preds, manifest, excl, {}, {"d_tri": TASK3}, reliability_settings({}), source="frozen")
+    out = evaluate_predictions(preds, manifest, excl, {}, {"d_tri": TASK3}, ReliabilitySettings(), source="frozen")
     assert set(out["thresholds"]["threshold"]) == {"y_pred"}
     cal = out["calibration"]
     assert cal["ece_before"].isna().all() and cal["ece_top_label_before"].notna().all()  # no positive class
@@ -163,17 +163,17 @@ def test_missing_columns_and_unknown_images_fail_by_name():
     manifest, excl, splits, preds = world(n_patients=20)
     with pytest.raises(KeyError, match=r"lack columns \['regime'\]"):
         evaluate_predictions(preds.drop(columns="regime"), manifest, excl, splits, {"d_bin": TASK},
-                             reliability_settings({}), source="frozen")
+                             ReliabilitySettings(), source="frozen")
     with pytest.raises(KeyError, match=r"lack probability columns \['p_yes'\]"):
         evaluate_predictions(preds.drop(columns="p_yes"), manifest, excl, splits, {"d_bin": TASK},
-                             reliability_settings({}), source="frozen")
+                             ReliabilitySettings(), source="frozen")
     with pytest.raises(KeyError, match="not in the manifest"):
-        evaluate_predictions(preds, manifest.iloc[1:], excl, splits, {"d_bin": TASK}, reliability_settings({}),
+        evaluate_predictions(preds, manifest.iloc[1:], excl, splits, {"d_bin": TASK}, ReliabilitySettings(),
                              source="frozen")
-    with pytest.raises(KeyError, match="unknown key"):
-        reliability_settings({"reliability": {"bootstrap": {"n_resamples": 10}}})
-    with pytest.raises(ValueError, match=">= 1000"):
-        reliability_settings({"reliability": {"bootstrap": {"n_boot": 100}}})
+    with pytest.raises(ConfigError, match="reliability.bootstrap.n_resamples: unknown key"):
+        ReliabilitySettings.from_config({"reliability": {"bootstrap": {"n_resamples": 10}}})
+    with pytest.raises(ConfigError, match="reliability.bootstrap.n_boot: Input should be greater than or equal to 1000"):
+        ReliabilitySettings.from_config({"reliability": {"bootstrap": {"n_boot": 100}}})
 
 
 def test_hard_decisions_are_the_protocols_y_pred_as_written():
@@ -181,7 +181,7 @@ def test_hard_decisions_are_the_protocols_y_pred_as_written():
     manifest, excl, splits, preds = world(n_patients=60)
     preds["y_pred"] = (preds["p_yes"] >= 0.8).astype(int)
     assert (preds["y_pred"] != preds[["p_no", "p_yes"]].to_numpy().argmax(1)).any()
-    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, reliability_settings({}),
+    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, ReliabilitySettings(),
                                source="frozen")
     m = out["metrics"]
     for seed in (0, 1):
@@ -198,7 +198,7 @@ def test_bootstrap_unit_is_a_setting_recorded_in_the_tables():
     manifest, excl, splits, preds = world(n_patients=60)
     per = {}
     for unit in ("patient", "image"):
-        settings = reliability_settings({"reliability": {"bootstrap": {"unit": unit}}})
+        settings = ReliabilitySettings.from_config({"reliability": {"bootstrap": {"unit": unit}}})
         out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, settings, source="frozen")
         for kind in ("metrics", "gaps", "subgroups"):
             assert set(out[kind]["bootstrap_unit"]) == {unit}, kind
@@ -206,5 +206,5 @@ def test_bootstrap_unit_is_a_setting_recorded_in_the_tables():
     # same point estimates, other resampling: the intervals differ (patients have 1-2 images)
     pd.testing.assert_series_equal(per["patient"]["value"], per["image"]["value"])
     assert not np.allclose(per["patient"]["ci_low"], per["image"]["ci_low"])
-    with pytest.raises(ValueError, match="bootstrap.unit must be patient or image"):
-        reliability_settings({"reliability": {"bootstrap": {"unit": "eye"}}})
+    with pytest.raises(ConfigError, match="reliability.bootstrap.unit: Input should be 'patient' or 'image'"):
+        ReliabilitySettings.from_config({"reliability": {"bootstrap": {"unit": "eye"}}})

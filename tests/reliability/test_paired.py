@@ -5,7 +5,7 @@ import pytest
 from scipy.stats import false_discovery_control
 
 from retinabench.reliability import comparison_pairs, paired_comparisons
-from retinabench.settings import reliability_settings
+from retinabench.settings import ConfigError, ReliabilitySettings
 
 TASKS = {t: {"name": t, "dataset": "d", "modality": m, "classes": ["no", "yes"], "harmonised": None}
          for t, m in (("t_cfp", "cfp"), ("t_oct", "oct"))}
@@ -36,7 +36,7 @@ def world(n_patients=150, seed=0):
 @pytest.fixture(scope="module")
 def compared():
     preds, man = world()
-    comp, dom = paired_comparisons(preds, man, TASKS, reliability_settings({}), ["weak", "good", "twin"])
+    comp, dom = paired_comparisons(preds, man, TASKS, ReliabilitySettings(), ["weak", "good", "twin"])
     return preds, comp, dom
 
 
@@ -44,12 +44,11 @@ def test_default_pairs_are_all_encoder_pairs_within_a_protocol(compared):
     preds, comp, _ = compared
     pairs = {(r["encoder_a"], r["encoder_b"]) for r in comp.to_dict("records")}
     assert pairs == {("weak", "good"), ("weak", "twin"), ("good", "twin")}
-    explicit = reliability_settings({"reliability": {"paired": {"pairs": [
+    explicit = ReliabilitySettings.from_config({"reliability": {"paired": {"pairs": [
         {"a": {"encoder": "weak", "protocol": "logreg"}, "b": {"encoder": "good", "protocol": "logreg"}}]}}})
     assert len(comparison_pairs(preds, explicit, [])) == 1
-    bad = reliability_settings({"reliability": {"paired": {"pairs": [{"a": {"encoder": "weak"}, "b": {}}]}}})
-    with pytest.raises(KeyError, match="keys must be encoder, protocol"):
-        comparison_pairs(preds, bad, [])
+    with pytest.raises(ConfigError, match=r"reliability.paired.pairs\[0\].a.protocol: Field required"):
+        ReliabilitySettings.from_config({"reliability": {"paired": {"pairs": [{"a": {"encoder": "weak"}, "b": {}}]}}})
 
 
 def test_planted_improvement_is_significant_and_identical_models_are_not(compared):
@@ -84,14 +83,14 @@ def test_domain_level_summaries(compared):
 def test_alignment_by_image_id_counts_unaligned_rows():
     preds, man = world(n_patients=40)
     drop = preds[(preds["encoder"] == "good") & (preds["task"] == "t_cfp") & (preds["seed"] == 0)].index[:5]
-    comp, _ = paired_comparisons(preds.drop(index=drop), man, TASKS, reliability_settings({}), ["weak", "good"])
+    comp, _ = paired_comparisons(preds.drop(index=drop), man, TASKS, ReliabilitySettings(), ["weak", "good"])
     row = comp[(comp["encoder_a"] == "weak") & (comp["encoder_b"] == "good") & (comp["task"] == "t_cfp")].iloc[0]
     n_all = (preds["task"] == "t_cfp").sum() // 4
     assert row["n_unaligned"] == 5 and row["n_images"] == n_all - 5
     bad = preds.copy()
     bad.loc[(bad["encoder"] == "twin"), "y_true"] = 1 - bad.loc[(bad["encoder"] == "twin"), "y_true"]
     with pytest.raises(ValueError, match="y_true disagree"):
-        paired_comparisons(bad, man, TASKS, reliability_settings({}), ["weak", "twin"])
+        paired_comparisons(bad, man, TASKS, ReliabilitySettings(), ["weak", "twin"])
 
 
 def transfer_world(n_patients=120, seed=1):
@@ -121,7 +120,7 @@ TRANSFER_TASKS = {t: {"name": t, "dataset": d, "modality": "cfp", "classes": ["n
 
 def test_out_of_domain_comparisons_and_id_vs_ood_summaries():
     preds, man = transfer_world()
-    settings = reliability_settings({"reliability": {"paired": {"sources": ["transfer"], "domain": ["shift"]}}})
+    settings = ReliabilitySettings.from_config({"reliability": {"paired": {"sources": ["transfer"], "domain": ["shift"]}}})
     comp, dom = paired_comparisons(preds, man, TRANSFER_TASKS, settings, ["weak", "good"])
     ood = comp[comp["setting"] == "out-of-domain"]
     assert set(ood["task"]) == {"B_any"} and set(ood["train_dataset"]) == {"A"} and set(ood["dataset"]) == {"B"}
@@ -136,7 +135,7 @@ def test_id_and_ood_settings_side_by_side_and_bootstrap_unit():
     preds, man = transfer_world()
     frozen = preds[preds["dataset"] == "A"].assign(source="frozen")
     both = pd.concat([frozen, preds], ignore_index=True)
-    settings = reliability_settings({"reliability": {"paired": {"sources": ["frozen", "transfer"],
+    settings = ReliabilitySettings.from_config({"reliability": {"paired": {"sources": ["frozen", "transfer"],
                                                                 "domain": ["modality", "shift"]},
                                                      "bootstrap": {"unit": "image"}}})
     comp, dom = paired_comparisons(both, man, TRANSFER_TASKS, settings, ["weak", "good"])
@@ -149,7 +148,7 @@ def test_id_and_ood_settings_side_by_side_and_bootstrap_unit():
 def test_paired_hard_decisions_are_y_pred_as_written():
     preds, man = world(n_patients=60)
     preds.loc[preds["encoder"] == "twin", "y_pred"] = 1  # twin: same probabilities as weak, other decisions
-    comp, _ = paired_comparisons(preds, man, TASKS, reliability_settings({}), ["weak", "twin"])
+    comp, _ = paired_comparisons(preds, man, TASKS, ReliabilitySettings(), ["weak", "twin"])
     acc = comp[(comp["metric"] == "accuracy") & (comp["task"] == "t_cfp")].iloc[0]
     t = preds[(preds["task"] == "t_cfp") & (preds["encoder"] == "twin")]
     assert acc["value_b"] == pytest.approx((t["y_true"] == 1).mean())

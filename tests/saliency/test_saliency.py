@@ -12,8 +12,8 @@ from torch import nn
 from retinabench.data.phantom import generate_phantom
 from retinabench.protocols.finetune import CheckpointError, Classifier
 from retinabench.saliency import (CacheInput, clahe, integrated_gradients_nt, normalise, postprocess, read_maps,
-                                  run_saliency, saliency_settings, scale_unit, select_images, to_grayscale,
-                                  write_maps)
+                                  run_saliency, scale_unit, select_images, to_grayscale, write_maps)
+from retinabench.settings import ConfigError, SaliencySettings
 
 SIZE = 64
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -175,23 +175,23 @@ def test_clahe_output_range_and_shape(shape):
 
 
 def test_postprocess_follows_the_settings():
-    s = saliency_settings({})
+    s = SaliencySettings()
     a = np.random.default_rng(0).normal(size=(3, 32, 32))
     gray, eq = postprocess(a, s)
     assert gray.shape == eq.shape == (32, 32) and 0 <= eq.min() and eq.max() <= 1
 
 
 def test_settings_defaults_are_the_papers_and_bad_keys_fail():
-    s = saliency_settings({})
-    assert (s["nt_samples"], s["stdev"], s["n_steps"], s["nt_type"]) == (50, 0.3, 50, "smoothgrad")
-    assert s["clahe"] == {"clip_limit": 0.01, "kernel_size": None, "nbins": 256}
-    assert saliency_settings({"saliency": {"clahe": {"clip_limit": 0.02}}})["clahe"]["nbins"] == 256
-    with pytest.raises(KeyError, match="unknown key"):
-        saliency_settings({"saliency": {"samples": 3}})
-    with pytest.raises(KeyError, match="saliency.clahe"):
-        saliency_settings({"saliency": {"clahe": {"clip": 3}}})
-    with pytest.raises(ValueError, match="baseline"):
-        saliency_settings({"saliency": {"baseline": "blur"}})
+    s = SaliencySettings.from_config({})
+    assert (s.nt_samples, s.stdev, s.n_steps, s.nt_type) == (50, 0.3, 50, "smoothgrad")
+    assert s.clahe.plain() == {"clip_limit": 0.01, "kernel_size": None, "nbins": 256}
+    assert SaliencySettings.from_config({"saliency": {"clahe": {"clip_limit": 0.02}}}).clahe.nbins == 256
+    with pytest.raises(ConfigError, match="saliency.samples: unknown key; did you mean 'saliency.nt_samples'"):
+        SaliencySettings.from_config({"saliency": {"samples": 3}})
+    with pytest.raises(ConfigError, match="saliency.clahe.clip: unknown key"):
+        SaliencySettings.from_config({"saliency": {"clahe": {"clip": 3}}})
+    with pytest.raises(ConfigError, match="saliency.baseline: Input should be 'zeros' or 'black'"):
+        SaliencySettings.from_config({"saliency": {"baseline": "blur"}})
 
 
 # -- image selection --------------------------------------------------------------------------------------------
@@ -205,16 +205,16 @@ def split_table(n=30, classes=3):
 
 def test_selection_is_deterministic_per_class_and_order_free():
     split = split_table()
-    sel, missing = select_images(split, ["c0", "c1", "c2"], seed=0)
+    sel, missing = select_images(split, ["c0", "c1", "c2"], seed=0, per_class=1)
     assert list(sel["class_index"]) == [0, 1, 2] and not missing
     assert (split.set_index("image_id").loc[sel["image_id"], "split"] == "test").all()
-    shuffled, _ = select_images(split.sample(frac=1, random_state=3), ["c0", "c1", "c2"], seed=0)
+    shuffled, _ = select_images(split.sample(frac=1, random_state=3), ["c0", "c1", "c2"], seed=0, per_class=1)
     assert shuffled.equals(sel)
-    other, _ = select_images(split, ["c0", "c1", "c2"], seed=1)
+    other, _ = select_images(split, ["c0", "c1", "c2"], seed=1, per_class=1)
     assert not other["image_id"].equals(sel["image_id"])  # the seed is the only knob
     two, _ = select_images(split, ["c0", "c1", "c2"], seed=0, per_class=2)
     assert len(two) == 6 and set(sel["image_id"]) <= set(two["image_id"])
-    sel4, missing4 = select_images(split, ["c0", "c1", "c2", "c3"], seed=0)
+    sel4, missing4 = select_images(split, ["c0", "c1", "c2", "c3"], seed=0, per_class=1)
     assert missing4 == ["c3"] and len(sel4) == 3
 
 
@@ -256,11 +256,11 @@ def kept_weights(tmp_path_factory):
 
 def test_run_saliency_on_kept_weights(kept_weights, tmp_path):
     arr, index, split, weights = kept_weights
-    s = saliency_settings({"saliency": {"nt_samples": 2, "n_steps": 4, "internal_batch_size": 8}})
+    s = SaliencySettings.from_config({"saliency": {"nt_samples": 2, "n_steps": 4, "internal_batch_size": 8}})
     table, maps, missing = run_saliency(arr, index, split, TASK, CNN, weights, s, log=lambda m: None)
     assert not missing and len(table) == 4  # 2 protocols x 2 classes
     assert set(table["protocol"]) == {"finetune", "linear_aug"}
-    sel, _ = select_images(split, TASK["classes"])
+    sel, _ = select_images(split, TASK["classes"], seed=s.selection_seed, per_class=s.images_per_class)
     for _, g in table.groupby("protocol"):
         assert list(g["image_id"]) == list(sel["image_id"])  # the same images for every protocol
     assert table["weights_sha256"].str.len().eq(64).all() and table["ig_delta"].notna().all()

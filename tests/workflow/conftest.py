@@ -119,7 +119,7 @@ def render_run_figures(workdir: Path, dest: Path, *, families=None, reliability=
     from retinabench.figures.style import recording
     from retinabench.analysis import AnalysisContext, analysis_outputs, family_inputs
     from retinabench.analysis.families import read_input, run_family
-    from retinabench.settings import reliability_settings
+    from retinabench.settings import ReliabilitySettings
     from retinabench.workflow_plan import plan
     config = run_config(workdir)
     p = plan(config)
@@ -133,7 +133,7 @@ def render_run_figures(workdir: Path, dest: Path, *, families=None, reliability=
             inputs = {k: read_input(k, path) for k, path in family_inputs(family, results, ctx).items()}
             run_family(family, inputs, AnalysisContext.from_params(ctx.params_for(family)), out)
         if reliability:
-            settings = reliability_settings(config)
+            settings = ReliabilitySettings.from_config(config).plain()
             protocols = config["protocols"]
             sel = {**settings["figures"], "protocol": settings["figures"]["protocol"]
                    or ("linear" if "linear" in protocols else protocols[0])}

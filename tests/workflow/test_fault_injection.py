@@ -387,8 +387,8 @@ def test_fault4_16bit_grey_png_keeps_its_mean_in_the_image_cache(tmp_path):
 def test_fault4_a_1x1_image_is_excluded_counted_and_printed(tmp_path, registries, capfd):
     """A 1x1 image named by the index is no sample: the manifest job excludes it with its reason, counts it in
     its summary and prints it; changing images.min_side takes effect without re-decoding."""
+    from retinabench.settings import ImagesSettings
     from retinabench.testing.raw_fixtures import write_fixture
-    from retinabench.settings import images_settings
     entry = registries.datasets["aptos2019"]
     root = write_fixture("aptos2019", tmp_path / "raw", registries.datasets)
     Image.new("RGB", (1, 1), (90, 40, 20)).save(root / "train_images" / "000c1434d8d7.png")
@@ -402,7 +402,7 @@ def test_fault4_a_1x1_image_is_excluded_counted_and_printed(tmp_path, registries
                    params={"dataset": entry, "root": str(root), "images": images},
                    wildcards={"dataset": "aptos2019"}, threads=1)
 
-    first = job(images_settings({}))
+    first = job(ImagesSettings().plain())
     run_stage("manifest", first)
     manifest = read_table(first.output["manifest"], "manifest")
     excl = read_table(first.output["exclusions"], "exclusions")
@@ -415,7 +415,7 @@ def test_fault4_a_1x1_image_is_excluded_counted_and_printed(tmp_path, registries
     out, _ = capfd.readouterr()
     assert "1 image(s) under 32 px on the short side excluded" in out and "too_small (1x1 < 32 px" in out
     # a larger minimum: the 40x48 image goes too, from the cached sizes (nothing decoded again)
-    second = job(images_settings({"images": {"min_side": 48}}))
+    second = job(ImagesSettings(min_side=48).plain())
     run_stage("manifest", second)
     summary = read_sidecar(second.output["manifest"])["extra"]["summary"]
     assert summary["too_small"] == {"min_side": 48, "excluded": 2} and summary["decode"]["decoded"] == 0

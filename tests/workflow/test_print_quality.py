@@ -47,12 +47,12 @@ def test_the_runs_figures_are_page_sized_files(tiny_workflow):
 
 def test_reliability_diagrams_keep_the_ece_out_of_the_data(tiny_workflow, monkeypatch, tmp_path):
     from retinabench.figures import reliability as rel
-    from retinabench.settings import reliability_settings
+    from retinabench.settings import ReliabilitySettings
     figs = []
     monkeypatch.setattr(rel, "save", lambda fig, png: figs.append(fig) or [str(png)])
     monkeypatch.setattr(rel.plt, "close", lambda fig=None: None)
     tables = {k: pd.read_parquet(tiny_workflow / f"results/reliability/{k}.parquet") for k in ("bins", "calibration")}
-    sel = {**reliability_settings({})["figures"], "protocol": "linear"}
+    sel = {**ReliabilitySettings().figures.plain(), "protocol": "linear"}
     rel.reliability_diagrams(tables, {}, tmp_path, sel)
     assert figs
     for ax in figs[0].axes:

@@ -21,7 +21,7 @@ rule mllm_lora_train:
         task=LP.constraint_tasks,
     conda:
         MLLM_ENV
-    threads: LP.settings["threads"]
+    threads: LP.settings.threads
     resources:
         mem_mb=LP.train_resource("mem_mb"),
         runtime=LP.train_resource("runtime"),

@@ -24,8 +24,8 @@ rule transfer:
     params:
         code=P.code("transfer"),
         tasks=lambda wc: [REG.task(t) for t in REL.transfer_groups[wc.group]],
-        transfer=REL.settings["transfer"],
-        probes=P.protocol_settings(REL.settings["transfer"]["protocols"]),
+        transfer=REL.parts("transfer")["transfer"],
+        probes=P.protocol_settings(REL.settings.transfer.protocols),
     script:
         STAGE
 
@@ -66,7 +66,7 @@ rule reliability_collect:
         CORE_ENV
     params:
         code=P.code("reliability_collect"),
-        reliability={**REL.job_settings, "harmonised": REL.settings["harmonised"]},
+        reliability={**REL.job_settings, **REL.parts("harmonised")},
         tasks=REL.plan_tasks,
         datasets=P.datasets,
     script:
@@ -86,7 +86,7 @@ rule reliability_paired:
         CORE_ENV
     params:
         code=P.code("reliability_paired"),
-        reliability={k: REL.settings[k] for k in ("paired", "bootstrap", "n_bins")},
+        reliability=REL.parts("paired", "bootstrap", "n_bins"),
         tasks=REL.plan_tasks,
         sources=REL.paired_sources(),
         encoders=P.encoders,
@@ -115,7 +115,7 @@ rule reliability_figure:
     params:
         code=P.code("reliability_figure"),
         figure=lambda wc: wc.figure,
-        reliability={"figures": REL.settings["figures"]},
+        reliability=REL.parts("figures"),
         protocols=config["protocols"],
         encoders=lambda wc: {e: REG.encoder(e) for e in P.encoders},
         groups=REL.transfer_groups,

@@ -71,7 +71,7 @@ rule figure_saliency:
         task=lambda wc: REG.task(wc.task),
         encoders={e: REG.encoder(e) for e in SAL.encoders},
         protocols=SAL.protocols,
-        colormap=SAL.settings["colormap"],
+        colormap=SAL.settings.colormap,
         settings=SAL.job_settings,
     script:
         STAGE

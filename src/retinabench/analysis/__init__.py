@@ -16,8 +16,8 @@ Modules: :mod:`.context` (what the analysis reads from the config and registries
 this config produces, their paths and rules), :mod:`.families` (each family a plain function ``family_x(inputs,
 ctx, out)``, DataFrames in, files out). The stages are in retinabench.pipeline.analysis.
 """
-from retinabench.analysis.context import FAMILIES, AnalysisContext, Family, analysis_settings, choose_headline
+from retinabench.analysis.context import FAMILIES, AnalysisContext, Family, choose_headline
 from retinabench.analysis.plan import analysis_outputs, family_inputs, targets
 
-__all__ = ["FAMILIES", "AnalysisContext", "Family", "analysis_outputs", "analysis_settings", "choose_headline",
+__all__ = ["FAMILIES", "AnalysisContext", "Family", "analysis_outputs", "choose_headline",
            "family_inputs", "targets"]

@@ -6,7 +6,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from retinabench.settings import ANALYSIS_DEFAULTS, analysis_settings  # noqa: F401  (re-exported)
+from retinabench.settings.finetune import FinetuneSettings, SweepSettings
+from retinabench.settings.reliability import AnalysisSettings
 
 ENCODER_FIELDS = ("domain", "method", "exposure", "params_m", "size_class")
 # The reliability layer's per-group metrics in the analysis format (workflow/rules/reliability.smk, rule
@@ -50,38 +51,36 @@ class AnalysisContext:
     headline: dict = field(default_factory=dict)            # analysis protocol: protocol, role, note
     regimes: list[str] = field(default_factory=list)
     ranking: dict = field(default_factory=dict)        # metric, regime
-    settings: dict = field(default_factory=lambda: copy.deepcopy(ANALYSIS_DEFAULTS))
+    settings: dict = field(default_factory=lambda: AnalysisSettings().plain())  # the `analysis:` section
 
     @classmethod
     def from_config(cls, config: dict, registries, *, encoders: list[str], tasks: list[str],
                     datasets: list[str]) -> AnalysisContext:
-        settings = analysis_settings(config)
+        settings = AnalysisSettings.from_config(config).plain()
         protocols = list(config["protocols"])
         # Fine-tuning (workflow/rules/finetune.smk) adds its protocols' rows to the same metrics table when
         # `finetune.enabled`. They join the rank analyses only when they cover every encoder, task and regime
         # (ranks are comparable across protocols only over the same encoders); the FT-LP gap needs no more than
         # the encoders and tasks both protocols ran.
-        from retinabench.settings import finetune_settings
-        ft = finetune_settings(config)  # the one set of fine-tuning defaults
-        ft_protocols = list(ft["protocols"]) if ft["enabled"] else []
-        ft_regimes = list(ft["regimes"] or config["regimes"])
+        ft = FinetuneSettings.from_config(config)
+        ft_protocols = list(ft.protocols) if ft.enabled else []
+        ft_regimes = list(ft.regimes or config["regimes"])
 
         def covers(subset, full):
             return subset is None or set(full) <= set(subset)
 
-        gaps = [f"{len(ft.get(k) or [])} of {len(full)} {k}" for k, full in
+        gaps = [f"{len(getattr(ft, k) or [])} of {len(full)} {k}" for k, full in
                 (("encoders", encoders), ("tasks", tasks), ("regimes", config["regimes"]))
-                if not covers(ft.get(k), full)]
+                if not covers(getattr(ft, k), full)]
         if ft_protocols and not gaps:
             protocols += [p for p in ft_protocols if p not in protocols]
         # The learning-rate sweep's per-encoder sensitivity table (finetune.smk, rule sweep_collect), unless the
-        # analysis names another table; the sweep task and the transfer-check task (protocols.sweep.sweep_tasks).
-        from retinabench.settings import sweep_settings, sweep_tasks
-        sweep = sweep_settings(config)
+        # analysis names another table; the sweep task and the transfer-check task (SweepSettings.tasks).
+        sweep = SweepSettings.from_config(config)
         lr_source, lr_encoders, lr_grid, swept = settings["lr_sweep_metrics"], None, None, {}
-        if lr_source is None and ft_protocols and sweep["enabled"] and config["ranking"]["regime"] in sweep["regimes"]:
-            lr_source, lr_encoders = SWEEP_SENSITIVITY, len(ft.get("encoders") or encoders)
-            task, check = sweep_tasks(sweep, list(ft.get("tasks") or tasks))
+        if lr_source is None and ft_protocols and sweep.enabled and config["ranking"]["regime"] in sweep.regimes:
+            lr_source, lr_encoders = SWEEP_SENSITIVITY, len(ft.encoders or encoders)
+            task, check = sweep.tasks(list(ft.tasks or tasks))
             swept = {"sweep": task, "check": check}
             if check is not None:
                 lr_grid = SWEEP_GRID

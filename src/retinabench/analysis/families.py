@@ -224,7 +224,7 @@ def family_top_k(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
     clean = sorted(t for t, m in ctx.tasks.items() if m["dataset"] not in high)
     k = int(ctx.settings["top_k"])
-    modalities = list(ctx.settings["subsets"].get("modality", []))
+    modalities = list(ctx.settings["subsets"]["modality"])
     table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
                   regime=ctx.regime, modalities=modalities)
     titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}

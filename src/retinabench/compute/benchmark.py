@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from retinabench.settings import COMPUTE_DEFAULTS, compute_settings  # noqa: F401  (re-exported)
-from retinabench.settings import COMPUTE_NOT_RESULT as NOT_RESULT  # noqa: F401
+from retinabench.settings.finetune import FinetuneSettings
+from retinabench.settings.layers import ComputeSettings
 
 PHASES = ("inference", "finetune", "linear_aug")
 COMPUTE_COLUMNS = [
@@ -137,15 +137,16 @@ def measure_inference(entry: dict, images: np.ndarray, *, batch_size: int, warmu
 
 def measure_training(entry: dict, batches: list, n_classes: int, *, protocol: str, train_settings: dict,
                      warmup: int, steps: int, device: str, precision: str) -> dict:
-    """Time per step and peak memory of ``Trainer.train_step`` over ``batches`` (uint8 NCHW, labels) cycled."""
+    """Time per step and peak memory of ``Trainer.train_step`` over ``batches`` (uint8 NCHW, labels) cycled;
+    ``train_settings``: fine-tuning's settings (the plan passes its step settings: channels_last, compile,
+    weight_decay)."""
     import torch
     from retinabench.compute.memory import PeakMemory, baseline_rss_mb
     from retinabench.models.encoder import build_encoder
-    from retinabench.protocols.finetune import TrainConfig, Trainer
+    from retinabench.protocols.finetune import Trainer
     batch_size = int(batches[0][0].shape[0])
-    cfg = TrainConfig.from_settings(train_settings, batch_size=batch_size, epochs=1,
-                                    steps_per_epoch=warmup + steps, device=device, precision=precision,
-                                    augment={"enabled": False})
+    cfg = FinetuneSettings.of({**train_settings, "batch_size": batch_size, "epochs": 1, "steps_per_epoch": warmup + steps,
+                          "device": device, "precision": precision, "augment": {"enabled": False}}, "finetune")
     baseline = baseline_rss_mb()
     trainer = Trainer(build_encoder(entry), n_classes, protocol=protocol, seed=0, cfg=cfg)  # deep-copies the encoder
     dev = trainer.device
@@ -205,15 +206,15 @@ def run_phases(spec: dict) -> list[dict]:
     import torch
     from retinabench.data.image_dataset import StreamBatchSampler
     from retinabench.features.extract import pick_device
-    s, entry = spec["settings"], spec["entry"]
-    threads = int(s["threads"])
+    s, entry = ComputeSettings.of(spec["settings"]), spec["entry"]
+    threads = s.threads
     torch.set_num_threads(max(1, threads))
     torch.manual_seed(0)
     from retinabench.compute.memory import trim_heap
     from retinabench.models.encoder import build_encoder
     # One untimed build first: imports the loader's libraries, reads the weight file into the page cache and runs
     # build_encoder's probe forward pass (kernel set-up), so none of that lands in the first phase's figures.
-    dev = pick_device(s["device"])
+    dev = pick_device(s.device)
     if dev.type == "cuda":
         torch.cuda.init()
     warm = build_encoder(entry)
@@ -223,26 +224,26 @@ def run_phases(spec: dict) -> list[dict]:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     cache = np.load(spec["array"], mmap_mode="r")
-    inf = s["inference"]
+    inf = s.inference
     test_rows = np.asarray(spec["test_rows"], dtype=np.int64)
     images = np.stack([np.array(cache[r]) for r in test_rows])
-    rows = [measure_inference(entry, images, batch_size=int(inf["batch_size"]), warmup=int(inf["warmup"]),
-                              device=s["device"], precision=s["precision"])]
+    rows = [measure_inference(entry, images, batch_size=inf.batch_size, warmup=inf.warmup, device=s.device,
+                              precision=s.precision)]
     del images
-    tr = s["training"]
-    if tr["protocols"]:
+    tr = s.training
+    if tr.protocols:
         train_rows = np.asarray(spec["train_rows"], dtype=np.int64)
         labels = np.asarray(spec["train_labels"], dtype=np.int64)
-        sampler = StreamBatchSampler(len(train_rows), int(tr["batch_size"]), 0, 0, int(tr["distinct_batches"]))
+        sampler = StreamBatchSampler(len(train_rows), tr.batch_size, 0, 0, tr.distinct_batches)
         batches = []
-        for step in range(int(tr["distinct_batches"])):
+        for step in range(tr.distinct_batches):
             idx = np.array([i for i, _ in sampler.batch(step)])
             x = torch.from_numpy(np.stack([np.array(cache[r]) for r in train_rows[idx]])).permute(0, 3, 1, 2)
             batches.append((x.contiguous(), torch.from_numpy(labels[idx])))
-        for protocol in tr["protocols"]:
+        for protocol in tr.protocols:
             rows.append(measure_training(entry, batches, int(spec["n_classes"]), protocol=protocol,
-                                         train_settings=spec["train_settings"], warmup=int(tr["warmup"]),
-                                         steps=int(tr["steps"]), device=s["device"], precision=s["precision"]))
+                                         train_settings=spec["train_settings"], warmup=tr.warmup, steps=tr.steps,
+                                         device=s.device, precision=s.precision))
     common = {"encoder": entry["name"], "domain": entry.get("domain"), "architecture": entry.get("architecture"),
               "size_class": entry.get("size_class"), "task": spec.get("task"), "device_name": _device_name(dev),
               "threads": torch.get_num_threads(), "load_avg_1m": spec.get("load_avg_1m"), **_versions(dev.type)}
@@ -253,8 +254,9 @@ def run_phases(spec: dict) -> list[dict]:
 def benchmark_encoder(entry: dict, array_path: str | os.PathLike, *, test_rows, train_rows, train_labels,
                       n_classes: int, settings: dict, train_settings: dict, task: str | None = None,
                       isolate: bool = True) -> pd.DataFrame:
-    """The compute table of one encoder (columns :data:`COMPUTE_COLUMNS`). ``isolate``: in a fresh worker process
-    (the default and what the workflow runs); False runs in this process (debugging)."""
+    """The compute table of one encoder (columns :data:`COMPUTE_COLUMNS`). ``settings``: the ``compute:``
+    section (plain data: it travels to the worker as JSON); ``isolate``: in a fresh worker process (the default
+    and what the workflow runs); False runs in this process (debugging)."""
     spec = {"entry": entry, "array": str(array_path), "test_rows": [int(r) for r in test_rows],
             "train_rows": [int(r) for r in train_rows], "train_labels": [int(v) for v in train_labels],
             "n_classes": int(n_classes), "settings": settings, "train_settings": train_settings, "task": task,

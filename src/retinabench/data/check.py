@@ -96,8 +96,8 @@ def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2,
         res.details.append("no images found")
         return res
     from retinabench.data.readers import decode_image
-    from retinabench.settings import images_settings
-    min_side = images_settings({"images": {"min_side": min_side}} if min_side is not None else {})["min_side"]
+    from retinabench.settings.data import ImagesSettings
+    min_side = ImagesSettings.of({} if min_side is None else {"min_side": min_side}).min_side
     step = max(1, len(rows) // max(1, decode))
     for rel in list(rows["path"])[::step][:decode]:
         try:

@@ -43,10 +43,13 @@ import pandas as pd
 from retinabench.data.reports import exclusion_lines
 from retinabench.hashing import unit_hash
 from retinabench.schemas import DATASET_SPLIT, SPLIT, SPLITS
+from retinabench.settings.data import SplitSettings
 
 SALT = "retinabench-split-v1"
 TOLERANCE_SD = 4.0
-DEFAULT_FRACTIONS = {"train": 0.70, "val": 0.15, "test": 0.15}
+# The library's defaults are the config's (`split:`, retinabench.settings), declared there once.
+_SPLIT = SplitSettings()
+DEFAULT_FRACTIONS = _SPLIT.fractions.plain()
 PRESENCE = "class presence"
 METHODS = ("hash", "ranked")
 
@@ -227,8 +230,9 @@ def fraction_tolerance(group_sizes: np.ndarray, fractions: dict[str, float]) -> 
 
 
 def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[str, float] | None = None,
-                  seed: int = 0, duplicates: pd.DataFrame | None = None, near: bool = True,
-                  method: str = "hash", dataset: str | None = None) -> tuple[pd.DataFrame, dict]:
+                  seed: int = _SPLIT.seed, duplicates: pd.DataFrame | None = None,
+                  near: bool = _SPLIT.group_near_duplicates, method: str = _SPLIT.method,
+                  dataset: str | None = None) -> tuple[pd.DataFrame, dict]:
     """The dataset's split assignment (schema ``dataset_split``) and its report (groups, merges, fractions,
     tolerance, class-presence moves). See the module doc."""
     fractions = check_fractions(fractions or DEFAULT_FRACTIONS)
@@ -313,7 +317,7 @@ def _balanced_mask(df: pd.DataFrame, seed: int) -> np.ndarray:
     return mask
 
 
-def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, seed: int = 0,
+def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, seed: int = _SPLIT.seed,
                exclusions: pd.DataFrame | None = None) -> pd.DataFrame:
     """The task's view of the dataset assignment (schema ``split``), checked (see :func:`check_split`)."""
     require_images(manifest, task, exclusions)
@@ -336,8 +340,9 @@ def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, 
     return out[SPLIT.names]
 
 
-def make_split(manifest: pd.DataFrame, task: dict, *, fractions: dict[str, float] | None = None, seed: int = 0,
-               duplicates: pd.DataFrame | None = None, method: str = "hash") -> pd.DataFrame:
+def make_split(manifest: pd.DataFrame, task: dict, *, fractions: dict[str, float] | None = None,
+               seed: int = _SPLIT.seed, duplicates: pd.DataFrame | None = None,
+               method: str = _SPLIT.method) -> pd.DataFrame:
     """One task's split computed from its manifest alone (the workflow uses one assignment per dataset)."""
     assignment, _ = assign_splits(manifest, [task], fractions=fractions, seed=seed, duplicates=duplicates,
                                   method=method, dataset=task["dataset"])

@@ -15,7 +15,7 @@ def _select(df: pd.DataFrame, sel: dict, *, own_task: bool = True, threshold: st
     if df.empty:
         return df
     m = (df["protocol"] == sel["protocol"]) & (df["regime"] == sel["regime"]) & (df["seed"] == sel["seed"])
-    m &= df["source"] == (source or sel.get("source", "frozen"))
+    m &= df["source"] == (source or sel["source"])
     if own_task:
         m &= df["train_task"] == df["task"]
     if threshold is not None and "threshold" in df.columns:
@@ -35,7 +35,7 @@ def _unit(df: pd.DataFrame) -> str:
 
 
 def _sel_text(sel: dict) -> str:
-    return f"{sel.get('source', 'frozen')} {sel['protocol']}, regime {sel['regime']}, seed {sel['seed']}"
+    return f"{sel['source']} {sel['protocol']}, regime {sel['regime']}, seed {sel['seed']}"
 
 
 def _encoder_order(encoders: dict, present) -> list[str]:

@@ -64,21 +64,12 @@ class Attribute:
     min_group_size: int = 10
 
     @classmethod
-    def from_config(cls, entry: dict, *, kind: str, min_group_size: int) -> Attribute:
-        unknown = sorted(set(entry) - {"name", "column", "cut", "groups", "min_group_size"})
-        if unknown:
-            raise KeyError(f"reliability attribute {entry.get('name')!r}: unknown key(s) {unknown}")
-        for key in ("name", "column"):
-            if key not in entry:
-                raise KeyError(f"reliability attribute {entry}: missing key {key!r}")
-        if entry.get("cut") is not None and entry.get("groups") is not None:
-            raise ValueError(f"reliability attribute {entry['name']!r}: give either cut or groups, not both")
-        cut = entry.get("cut")
-        if cut is not None and cut != "median" and not isinstance(cut, (int, float)):
-            raise ValueError(f"reliability attribute {entry['name']!r}: cut must be 'median' or a number, got {cut!r}")
-        return cls(name=entry["name"], column=entry["column"], kind=kind, cut=cut,
-                   groups=tuple(entry["groups"]) if entry.get("groups") is not None else None,
-                   min_group_size=int(entry.get("min_group_size", min_group_size)))
+    def from_settings(cls, entry, *, kind: str, min_group_size: int) -> Attribute:
+        """From a ``reliability.attributes`` / ``quality`` entry (retinabench.settings.AttributeSettings, checked
+        there); ``min_group_size``: the section's, used unless the entry sets its own."""
+        return cls(name=entry.name, column=entry.column, kind=kind, cut=entry.cut,
+                   groups=tuple(entry.groups) if entry.groups is not None else None,
+                   min_group_size=entry.min_group_size if entry.min_group_size is not None else min_group_size)
 
 
 def assign_groups(frame: pd.DataFrame, attr: Attribute) -> tuple[pd.Series, dict]:

@@ -33,10 +33,12 @@ def compute_rows(split: pd.DataFrame, index: pd.DataFrame, n_images: int | None)
 def stage_compute_benchmark(job: Job) -> None:
     from retinabench.compute import benchmark_encoder
     from retinabench.models.encoder import weights_record
-    entry, task, s = job.params["encoder"], job.params["task"], job.params["compute"]
+    from retinabench.settings.layers import ComputeSettings
+    entry, task = job.params["encoder"], job.params["task"]
+    settings = ComputeSettings.of(job.params["compute"])
     index, split = _load_data(job)
-    test, train, labels = compute_rows(split, index, s["inference"]["images"])
-    s = {**s, "threads": max(1, job.threads)}  # what the scheduler granted this job
+    test, train, labels = compute_rows(split, index, settings.inference.images)
+    s = settings.model_copy(update={"threads": max(1, job.threads)}).plain()  # the threads the job was granted
     t0 = time.perf_counter()
     table = benchmark_encoder(entry, job.input["array"], test_rows=test, train_rows=train, train_labels=labels,
                               n_classes=len(task["classes"]), settings=s, train_settings=job.params["train"],

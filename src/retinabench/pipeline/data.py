@@ -10,16 +10,16 @@ from retinabench.data.reports import exclusion_lines, exclusion_summary, manifes
 from retinabench.pipeline.job import Job, announce, write_artifact, write_outputs
 from retinabench.pipeline.registry import stage
 from retinabench.schemas import read_table
+from retinabench.settings.data import ImagesSettings, PhantomSettings, SplitSettings
 
 
 @stage("phantom")
 def stage_phantom(job: Job) -> None:
     from retinabench.data.phantom import generate_phantom
-    p = job.params["phantom"]
+    p = PhantomSettings.of(job.params["phantom"])
     out = Path(job.output["metadata"])
-    meta = generate_phantom(out.parent, n_patients=p["n_patients"], seed=p["seed"], image_size=p["image_size"],
-                            sites=p.get("sites"))
-    write_outputs(job, written=[str(out)], config={"phantom": p}, seed=p["seed"],
+    meta = generate_phantom(out.parent, n_patients=p.n_patients, seed=p.seed, image_size=p.image_size, sites=p.sites)
+    write_outputs(job, written=[str(out)], config={"phantom": job.params["phantom"]}, seed=p.seed,
               extra={"n_images": int(len(meta)), "raw_files": [{"path": str(out.parent), "note": "generated"}]})
 
 
@@ -33,7 +33,7 @@ def stage_manifest(job: Job) -> None:
     from retinabench.data.subsample import apply_subsample
     from retinabench.hashing import sha256_file
     entry, root = job.params["dataset"], Path(job.params["root"])
-    min_side = job.params["images"]["min_side"]  # the plan's images settings (retinabench.settings)
+    min_side = ImagesSettings.of(job.params["images"]).min_side
     dataset = entry.get("name", job.wildcards.get("dataset", "?"))
     data_dir = Path(job.output["manifest"]).parent
     raw_state = None if entry.get("generated") else RawState(root, data_dir)
@@ -116,20 +116,21 @@ def stage_split(job: Job) -> None:
     from retinabench.data.splits import assign_splits
     manifest = read_table(job.input["manifest"], "manifest")
     dups = read_table(job.input["duplicates"], "duplicates")
-    p = job.params["split"]
+    p = SplitSettings.of(job.params["split"])
     dataset = job.wildcards.get("dataset") or str(manifest["dataset"].iloc[0])
-    assignment, report = assign_splits(manifest, job.params["tasks"], fractions=p["fractions"], seed=p["seed"],
-                                       duplicates=dups, near=p.get("group_near_duplicates", True),
-                                       method=p.get("method", "hash"), dataset=dataset)
+    assignment, report = assign_splits(manifest, job.params["tasks"], fractions=p.fractions.plain(), seed=p.seed,
+                                       duplicates=dups, near=p.group_near_duplicates, method=p.method,
+                                       dataset=dataset)
     write_artifact(assignment, job.output["split"], "dataset_split")
-    announce(f"retinabench split {dataset} ({report['method']}, seed {p['seed']}): {report['n_groups']} groups of "
+    announce(f"retinabench split {dataset} ({report['method']}, seed {p.seed}): {report['n_groups']} groups of "
               f"{report['n_patients']} patients; {report['groups_merging_patients']} groups merge "
               f"{report['patients_in_merged_groups']} patients through duplicates; realised "
               f"{report['realised_fractions']} (tolerance ± {report['tolerance']}); "
               f"{len(report['class_presence_moves'])} groups moved for class presence"
               + (f"; {report['note']}" if report.get("note") else ""))
-    write_outputs(job, written=[job.output["split"]], config={"split": p, "tasks": [t["name"] for t in job.params["tasks"]]},
-              seed=p["seed"], extra={"summary": report})
+    write_outputs(job, written=[job.output["split"]], config={"split": job.params["split"],
+                                                              "tasks": [t["name"] for t in job.params["tasks"]]},
+                  seed=p.seed, extra={"summary": report})
 
 
 @stage("task_split")

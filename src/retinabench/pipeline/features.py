@@ -17,7 +17,7 @@ def stage_features(job: Job) -> None:
     t0 = time.perf_counter()
     encoder = build_encoder(entry)
     info = extract_features(encoder, job.input["array"], job.input["index"], job.output["features"],
-                            batch_size=p["batch_size"], device=p.get("device", "auto"), progress=True)
+                            batch_size=p["batch_size"], device=p["device"], progress=True)
     info["seconds"] = round(time.perf_counter() - t0, 2)
     write_outputs(job, written=[job.output["features"]], config={"encoder": entry, "features": p},
               extra={"weights": encoder.weights | {"encoder": entry["name"]}, "extraction": info})

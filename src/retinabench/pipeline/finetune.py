@@ -39,10 +39,12 @@ def _load_data(job: Job):
 def stage_finetune(job: Job) -> None:
     import torch
     from retinabench.metrics.classification import metrics_table
-    from retinabench.protocols.finetune import TrainConfig, run_finetune
+    from retinabench.protocols.finetune import run_finetune
     from retinabench.protocols.sweep import read_chosen
+    from retinabench.settings.finetune import FinetuneSettings
     torch.set_num_threads(max(1, job.threads))
     p, task, entry = job.params["finetune"], job.params["task"], job.params["encoder"]
+    ft = FinetuneSettings.of(p)
     protocol, seed = job.wildcards["protocol"], int(job.wildcards["seed"])
     if "lr" in job.input:  # the sweep's choice
         chosen = read_chosen(job.input["lr"])
@@ -51,8 +53,8 @@ def stage_finetune(job: Job) -> None:
                              f"not {entry['name']!r}")
         lrs = {"lr_encoder": float(chosen["lr_encoder"]), "lr_classifier": float(chosen["lr_classifier"])}
     else:
-        lrs = {"lr_encoder": float(p["lr_encoder"]), "lr_classifier": float(p["lr_classifier"])}
-    cfg = TrainConfig.from_settings(p, **lrs)
+        lrs = {"lr_encoder": ft.lr_encoder, "lr_classifier": ft.lr_classifier}
+    cfg = ft.model_copy(update=lrs)
     index, split = _load_data(job)
     t0 = time.perf_counter()
     ckpt = job.params["checkpoints"]
@@ -75,34 +77,36 @@ def stage_finetune(job: Job) -> None:
     metrics = metrics_table(out.predictions, {task["name"]: task})
     write_artifact(metrics, job.output["metrics"], "metrics")
     write_outputs(job, written=[job.output["metrics"]], config={"task": task}, inputs=[job.output["predictions"]])
-    if not p.get("keep_checkpoints", False) and Path(ckpt).exists():
+    if not ft.keep_checkpoints and Path(ckpt).exists():
         shutil.rmtree(ckpt)  # the outputs are written: the checkpoints' only use (resuming) is over
 
 
 @stage("sweep_linear", "sweep_finetune")
 def stage_sweep_stage(job: Job) -> None:
     import torch
-    from retinabench.protocols.sweep import choose_lr, run_sweep_stage, sweep_train_config
+    from retinabench.protocols.sweep import choose_lr, run_sweep_stage
+    from retinabench.settings.finetune import FinetuneSettings, SweepSettings
     torch.set_num_threads(max(1, job.threads))
     p, s, task, entry = job.params["finetune"], job.params["sweep"], job.params["task"], job.params["encoder"]
+    ft, sweep = FinetuneSettings.of(p), SweepSettings.of({k: v for k, v in s.items() if k != "grid"})
     stage = int(job.params["sweep_stage"])
     lr_classifier = None
     if stage == 2:
         lr_classifier, _ = choose_lr(pd.read_parquet(job.input["stage1"]))
         _log(f"stage 2 with lr_classifier {lr_classifier:g} (stage 1's choice)")
-    cfg = sweep_train_config(p, s)
+    cfg = sweep.train_config(ft)
     index, split = _load_data(job)
     t0 = time.perf_counter()
     ckpt = job.params["checkpoints"]
     metrics, runs = run_sweep_stage(stage, job.input["array"], index, split, task, entry, grid=s["grid"],
-                                    seeds=s["seeds"], regimes=s["regimes"], cfg=cfg, lr_classifier=lr_classifier,
+                                    seeds=sweep.seeds, regimes=sweep.regimes, cfg=cfg, lr_classifier=lr_classifier,
                                     ckpt_dir=ckpt, threads=job.threads, log=_log)
     write_artifact(metrics, job.output["metrics"], "metrics_part")
     write_artifact(runs, job.output["runs"])
     write_outputs(job, written=[job.output["metrics"], job.output["runs"]], config={"task": task, "finetune": p, "sweep": s},
               seed=s["seeds"], extra={"seconds": round(time.perf_counter() - t0, 2),
                                       "lr_classifier_fixed": lr_classifier})
-    if not p.get("keep_checkpoints", False) and Path(ckpt).exists():
+    if not ft.keep_checkpoints and Path(ckpt).exists():
         shutil.rmtree(ckpt)
 
 

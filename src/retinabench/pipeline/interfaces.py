@@ -31,7 +31,7 @@ def stage_interface(job: Job) -> None:
     import torch
     from retinabench.metrics.classification import metrics_table
     from retinabench.prompts import load_prompts
-    from retinabench.protocols.interfaces import INTERFACES, job_settings
+    from retinabench.protocols.interfaces import INTERFACES
     torch.set_num_threads(max(1, job.threads))
     interface = job.rule
     p = job.params["job"]
@@ -40,7 +40,7 @@ def stage_interface(job: Job) -> None:
     t0 = time.perf_counter()
     # input `weights` is the entry's own weights_path (a dependency only): the loader reads and verifies it
     # against the entry's sha256 pins, so the run is checked like every registry load
-    preds = spec.run(entry, task_inputs(job), prompts, job_settings(section, spec.settings))
+    preds = spec.run(entry, task_inputs(job), prompts, spec.section.of(section).job())
     extra = {"seconds": round(time.perf_counter() - t0, 2), "n_rows": int(len(preds))}
     if interface == "mllm":
         from retinabench.protocols.mllm import answer_counts

@@ -56,14 +56,14 @@ def stage_lora_infer(job: Job) -> None:
     from retinabench.metrics.classification import metrics_table
     from retinabench.pipeline.interfaces import task_inputs
     from retinabench.prompts import load_prompts
-    from retinabench.protocols.interfaces import INTERFACES, job_settings
+    from retinabench.protocols.interfaces import INTERFACES
     from retinabench.protocols.mllm import answer_counts
     torch.set_num_threads(max(1, job.threads))
     p = job.params["job"]
     spec = INTERFACES["mllm"]
     prompts = load_prompts(job.input["prompts"])
     t0 = time.perf_counter()
-    preds = spec.run(p["entry"], task_inputs(job), prompts, job_settings(p["settings"], spec.settings),
+    preds = spec.run(p["entry"], task_inputs(job), prompts, spec.section.of(p["settings"]).job(),
                      adapter=job.input["adapter"])
     counts = answer_counts(preds)
     tasks = {t["name"]: t for t in p["tasks"]}

@@ -27,8 +27,9 @@ def stage_frozen(job: Job) -> None:
     if "knn" in p["names"]:  # the neighbour count each training regime used (k: auto resolves per regime)
         from retinabench.data.splits import regime_rows
         from retinabench.protocols.knn import resolve_k
-        k = (p.get("knn") or {}).get("k", 20)
         from retinabench.regimes import is_balanced, train_sides
+        from retinabench.settings.protocols import KnnSettings
+        k = KnnSettings.from_config(p).k
         extra["knn_k"] = {r: resolve_k(k, len(regime_rows(split, "train", is_balanced(r))))
                           for r in train_sides(p["regimes"])}
     write_outputs(job, written=[job.output["predictions"], job.output["log"]], config={"task": task, "protocols": p},

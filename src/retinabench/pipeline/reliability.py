@@ -9,8 +9,8 @@ import pandas as pd
 from retinabench.pipeline.job import write_artifact, write_outputs
 from retinabench.pipeline.registry import stage
 from retinabench.reliability import (KINDS, analysis_subgroup_metrics, evaluate_predictions, harmonised_coverage,
-                                     prepare_predictions,
-                                     paired_comparisons, summary_scores)
+                                     paired_comparisons, prepare_predictions, summary_scores)
+from retinabench.settings.reliability import ReliabilitySettings
 
 
 def _read_many(paths, kind) -> pd.DataFrame:
@@ -46,20 +46,22 @@ def stage_transfer(job) -> None:
 @stage("reliability")
 def stage_reliability(job) -> None:
     from retinabench.schemas import read_table
-    settings, tasks = job.params["reliability"], job.params["tasks"]
+    p, tasks = job.params["reliability"], job.params["tasks"]
+    settings = ReliabilitySettings.of(p)
     preds = read_table(job.input["predictions"], "predictions")
     manifest = _read_many(job.input["manifests"], "manifest")
     exclusions = _read_many(job.input["exclusions"], "exclusions")
     splits = {Path(s).stem: read_table(s, "split") for s in job.input["splits"]}
     tables = evaluate_predictions(preds, manifest, exclusions, splits, tasks, settings, source=job.wildcards["source"])
     paths = [write_artifact(tables[k], job.output[k]) for k in KINDS]
-    write_outputs(job, written=paths, config={"reliability": settings, "tasks": tasks}, seed=settings["bootstrap"]["seed"],
-              extra={"rows": {k: int(len(v)) for k, v in tables.items()}})
+    write_outputs(job, written=paths, config={"reliability": p, "tasks": tasks}, seed=settings.bootstrap.seed,
+                  extra={"rows": {k: int(len(v)) for k, v in tables.items()}})
 
 
 @stage("reliability_collect")
 def stage_reliability_collect(job) -> None:
-    settings, tasks = job.params["reliability"], job.params["tasks"]
+    p, tasks = job.params["reliability"], job.params["tasks"]
+    settings = ReliabilitySettings.of(p)
     tables = {}
     for kind in KINDS:
         frames = [pd.read_parquet(f) for f in job.input[kind]]
@@ -68,24 +70,25 @@ def stage_reliability_collect(job) -> None:
     tables["coverage"] = pd.concat([tables["coverage"], harmonised_coverage(settings, job.params["datasets"], tasks)],
                                    ignore_index=True)
     paths = [write_artifact(tables[k], job.output[k]) for k in KINDS]
-    write_outputs(job, written=paths, config={"reliability": settings})
+    write_outputs(job, written=paths, config={"reliability": p})
     sub = analysis_subgroup_metrics(tables["subgroups"])
     scores = summary_scores(tables["gaps"], tables["metrics"], tasks, settings)
     from retinabench.metrics.fairness import FORMULAS
-    write_outputs(job, written=[write_artifact(sub, job.output["subgroup_metrics"])], config={"reliability": settings},
+    write_outputs(job, written=[write_artifact(sub, job.output["subgroup_metrics"])], config={"reliability": p},
               inputs=[job.output["subgroups"]],
               extra={"note": "analysis-layer format: METRICS columns + attribute + group; own-task models, "
                                      "decisions y_pred as written"})
-    write_outputs(job, written=[write_artifact(scores, job.output["scores"])], config={"reliability": settings},
+    write_outputs(job, written=[write_artifact(scores, job.output["scores"])], config={"reliability": p},
               inputs=[job.output["gaps"], job.output["metrics"]],
-              extra={"formulas": FORMULAS, "fairness_score_attributes": settings["fairness_score_attributes"],
+              extra={"formulas": FORMULAS, "fairness_score_attributes": settings.fairness_score_attributes,
                      "doc": "docs/reliability.md"})
 
 
 @stage("reliability_paired")
 def stage_reliability_paired(job) -> None:
     from retinabench.schemas import read_table
-    settings, tasks = job.params["reliability"], job.params["tasks"]
+    p, tasks = job.params["reliability"], job.params["tasks"]
+    settings = ReliabilitySettings.of(p)
     frames = []
     for source, paths in job.params["sources"].items():
         for path in paths:
@@ -94,8 +97,8 @@ def stage_reliability_paired(job) -> None:
     manifest = _read_many(job.input["manifests"], "manifest")
     comp, dom = paired_comparisons(preds, manifest, tasks, settings, job.params["encoders"])
     paths = [write_artifact(comp, job.output["comparisons"]), write_artifact(dom, job.output["domains"])]
-    write_outputs(job, written=paths, config={"reliability": settings}, seed=settings["bootstrap"]["seed"],
-              extra={"n_comparisons": int(len(comp)), "n_domain_rows": int(len(dom))})
+    write_outputs(job, written=paths, config={"reliability": p}, seed=settings.bootstrap.seed,
+                  extra={"n_comparisons": int(len(comp)), "n_domain_rows": int(len(dom))})
 
 
 @stage("reliability_figure")
@@ -106,11 +109,11 @@ def stage_reliability_figure(job) -> None:
 
     from retinabench import skipped as skip_table
     from retinabench.figures.reliability import FIGURES
-    settings, which = job.params["reliability"], job.params["figure"]
+    figures, which = ReliabilitySettings.of(job.params["reliability"]).figures, job.params["figure"]
     protocols = job.params["protocols"]
     # default: the linear probe (calibrated probabilities; kNN votes are coarse), else the first protocol run
     default = "linear" if "linear" in protocols else protocols[0]
-    sel = {**settings["figures"], "protocol": settings["figures"]["protocol"] or default}
+    sel = {**figures.plain(), "protocol": figures.protocol or default}
     tables = {k: pd.read_parquet(v) for k, v in job.input.items()}
     out_dir = Path(job.output["dir"])
     if out_dir.exists():

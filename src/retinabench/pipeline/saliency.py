@@ -26,12 +26,14 @@ def stage_saliency(job: Job) -> None:
     import torch
     from retinabench.models.encoder import weights_record
     from retinabench.saliency import run_saliency, write_maps
+    from retinabench.settings.layers import SaliencySettings
     torch.set_num_threads(max(1, job.threads))
     task, entry, s = job.params["task"], job.params["encoder"], job.params["saliency"]
+    settings = SaliencySettings.of(s)
     weights = {p: job.input[f"weights_{p}"] for p in job.params["protocols"]}
     index, split = _load_data(job)
     t0 = time.perf_counter()
-    table, maps, missing = run_saliency(job.input["array"], index, split, task, entry, weights, s, log=_log)
+    table, maps, missing = run_saliency(job.input["array"], index, split, task, entry, weights, settings, log=_log)
     write_artifact(table, job.output["table"])
     write_maps(job.output["maps"], maps)
     checkpoints = {r["protocol"]: {"path": r["weights"], "sha256": r["weights_sha256"], "best_epoch": r["best_epoch"],
@@ -43,7 +45,7 @@ def stage_saliency(job: Job) -> None:
              "libraries": _versions("captum", "scikit-image")}
     write_outputs(job, written=[job.output["table"], job.output["maps"]], config={"task": task, "saliency": s,
                                                                        "protocols": job.params["protocols"]},
-              seed=s["noise_seed"], extra=extra)
+              seed=settings.noise_seed, extra=extra)
 
 
 @stage("figure_saliency")

@@ -30,26 +30,31 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
 
-from retinabench.settings import AUGMENT_DEFAULTS, augment_settings  # noqa: F401  (re-exported)
+from retinabench.settings.finetune import AugmentSettings
 
 JITTER = ("brightness", "contrast", "saturation", "hue")
 
 
-def draw_params(a: dict, seed: int) -> dict:
+def settings_of(aug: AugmentSettings | dict | None) -> AugmentSettings:
+    """The typed augmentation settings (a partial dict gets the defaults; unknown keys fail)."""
+    return AugmentSettings.of(aug, "finetune.augment")
+
+
+def draw_params(a: AugmentSettings, seed: int) -> dict:
     """All random numbers of one sample's augmentation, from its own generator."""
     g = torch.Generator().manual_seed(int(seed))
     r = torch.rand(10, generator=g, dtype=torch.float64).tolist()
     order = torch.randperm(4, generator=g).tolist()
-    lo, hi = float(a["scale"][0]), float(a["scale"][1])
+    lo, hi = float(a.scale[0]), float(a.scale[1])
     s = lo + (hi - lo) * r[0]
     side = math.sqrt(min(s, 1.0))  # crop side / image side; a crop larger than the image is centred
-    return {"area": s, "angle": float(a["rotation"]) * (2.0 * r[1] - 1.0),
+    return {"area": s, "angle": float(a.rotation) * (2.0 * r[1] - 1.0),
             "cx": (1.0 - side) * (r[2] - 0.5), "cy": (1.0 - side) * (r[3] - 0.5),  # crop centre, image fractions
-            "hflip": r[4] < a["hflip"], "vflip": r[5] < a["vflip"], "order": order,
-            "brightness": 1.0 + a["brightness"] * (2.0 * r[6] - 1.0),
-            "contrast": 1.0 + a["contrast"] * (2.0 * r[7] - 1.0),
-            "saturation": 1.0 + a["saturation"] * (2.0 * r[8] - 1.0),
-            "hue": a["hue"] * (2.0 * r[9] - 1.0)}
+            "hflip": r[4] < a.hflip, "vflip": r[5] < a.vflip, "order": order,
+            "brightness": 1.0 + a.brightness * (2.0 * r[6] - 1.0),
+            "contrast": 1.0 + a.contrast * (2.0 * r[7] - 1.0),
+            "saturation": 1.0 + a.saturation * (2.0 * r[8] - 1.0),
+            "hue": a.hue * (2.0 * r[9] - 1.0)}
 
 
 def _affine_args(p: dict, h: int, w: int) -> dict:
@@ -63,8 +68,8 @@ def _affine_args(p: dict, h: int, w: int) -> dict:
 class Augment:
     """Per-sample augmentation of a uint8 CHW image (torchvision v2 functional ops): ``aug(img, seed)``."""
 
-    def __init__(self, aug: dict | None):
-        self.a = augment_settings(aug)
+    def __init__(self, aug: AugmentSettings | dict | None):
+        self.a = settings_of(aug)
 
     def __call__(self, img: torch.Tensor, seed: int) -> torch.Tensor:
         p = draw_params(self.a, seed)
@@ -78,7 +83,7 @@ class Augment:
                2: (TF.adjust_saturation, "saturation"), 3: (TF.adjust_hue, "hue")}
         for k in p["order"]:
             fn, name = ops[k]
-            if self.a[name]:
+            if getattr(self.a, name):
                 img = fn(img, p[name])
         return img
 
@@ -110,9 +115,9 @@ def _jitter_op(k: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return _hsv_to_rgb(torch.stack((h, s, v), dim=1))
 
 
-def augment_batch(x: torch.Tensor, seeds: Sequence[int], aug: dict | None) -> torch.Tensor:
+def augment_batch(x: torch.Tensor, seeds: Sequence[int], aug: AugmentSettings | dict | None) -> torch.Tensor:
     """The :class:`Augment` operations on a float batch in [0, 1] (``[B, 3, H, W]``, any device)."""
-    a = augment_settings(aug)
+    a = settings_of(aug)
     params = [draw_params(a, int(s)) for s in seeds]
     b, _, h, w = x.shape
     dev, dt = x.device, x.dtype
@@ -135,13 +140,13 @@ def augment_batch(x: torch.Tensor, seeds: Sequence[int], aug: dict | None) -> to
     for pos in range(4):
         for k, name in enumerate(JITTER):
             rows = (order[:, pos] == k).nonzero().flatten()
-            if a[name] and len(rows):
+            if getattr(a, name) and len(rows):
                 idx = rows.to(dev)
                 x[idx] = _jitter_op(k, x[idx], factors[idx, k])
     return x
 
 
-def build_train_transform(aug: dict | None) -> Augment | None:
+def build_train_transform(aug: AugmentSettings | dict | None) -> Augment | None:
     """The per-sample (loader-side) augmentation, or None when ``enabled`` is false."""
-    a = augment_settings(aug)
-    return Augment(a) if a["enabled"] else None
+    a = settings_of(aug)
+    return Augment(a) if a.enabled else None

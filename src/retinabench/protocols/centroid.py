@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from retinabench.settings.protocols import CentroidSettings
+
 
 def _unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
@@ -18,17 +20,14 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.where(norm > 0, norm, 1.0)
 
 
-def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: dict):
+def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: CentroidSettings):
     """Class prototypes [n_classes, dim]; a class without training images is an error naming it."""
     x, y = _unit(train_x), np.asarray(train_y)
     missing = [c for c in range(n_classes) if not (y == c).any()]
     if missing:
         raise ValueError(f"centroid probe: classes {missing} have no training images")
     prototypes = _unit(np.stack([x[y == c].mean(axis=0) for c in range(n_classes)]))
-    temperature = float(settings.get("temperature", 0.07))
-    if not temperature > 0:
-        raise ValueError(f"centroid.temperature must be > 0, got {temperature}")
-    return {"prototypes": prototypes, "temperature": temperature}, None
+    return {"prototypes": prototypes, "temperature": settings.temperature}, None
 
 
 def predict(model: dict, x: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ selection follows the same choice), ``b`` = test data (u: all, b: balanced under
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -31,10 +31,13 @@ def _rows(split: pd.DataFrame, id_to_row: dict, part: str, balanced: bool):
 
 
 def run_frozen(ids: pd.Index, feats: np.ndarray, split: pd.DataFrame, task: dict, encoder: str, *,
-               protocols: list[str], seeds: list[int], regimes: list[str], cfg: dict[str, Any]
+               protocols: list[str], seeds: list[int], regimes: list[str], cfg: Mapping[str, Any]
                ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``cfg``: the protocols' config sections by section name (a config, or the job's params), each typed by
+    its settings model here."""
     PROTOCOLS.check(protocols, "features", "frozen protocols")
     specs = [PROTOCOLS.get(name) for name in protocols]
+    settings = {spec.name: spec.settings(cfg) for spec in specs}
     classes = list(task["classes"])
     n_classes = len(classes)
     id_to_row = {image_id: i for i, image_id in enumerate(ids)}
@@ -55,7 +58,7 @@ def run_frozen(ids: pd.Index, feats: np.ndarray, split: pd.DataFrame, task: dict
             protocol = spec.name
             for seed in ([0] if spec.deterministic else seeds):
                 model, log = spec.fit(xtr, ytr, feats[va_idx], va["y"].to_numpy(), n_classes, seed=seed,
-                                      balanced=bal, settings=cfg.get(spec.section) or {})
+                                      balanced=bal, settings=settings[protocol])
                 probas = [spec.predict(model, feats[idx]) for _, _, idx in queries]
                 if log is not None:
                     logs.append(pd.DataFrame(log).assign(encoder=encoder, task=task["name"], protocol=protocol,

@@ -1,5 +1,5 @@
-"""The prompt-based interfaces as pipeline jobs: typed settings, the per-task inputs a job receives, and one
-spec per interface for the pipeline's protocol registry. Torch-free at import (the job functions import torch
+"""The prompt-based interfaces as pipeline jobs: the per-task inputs a job receives and one spec per interface
+(its settings: retinabench.settings.ZeroShotSettings / MLLMSettings) for the pipeline's protocol registry. Torch-free at import (the job functions import torch
 when they run).
 
 A job is one (model, task set) of one interface: :func:`retinabench.protocols.zeroshot.run` or
@@ -12,13 +12,16 @@ test rows when ``b`` is), seed 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from retinabench.regimes import parse_regimes
+from retinabench.settings.protocols import MLLMSection, MLLMSettings, ZeroShotSection, ZeroShotSettings
+
+__all__ = ["INTERFACES", "InterfaceJob", "InterfaceSpec", "MLLMSettings", "TaskInput", "ZeroShotSettings",
+           "finish_predictions", "interface_of", "job_resources", "plan_jobs", "selected_entries"]
 
 
 @dataclass(frozen=True)
@@ -39,81 +42,18 @@ class TaskInput:
                              "images")
 
 
-def _settings_from(cls, section: Mapping[str, Any] | None, where: str):
-    section = dict(section or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
-    if "prompt_sets" in section and section["prompt_sets"] is not None:
-        section["prompt_sets"] = tuple(section["prompt_sets"])
-    if "regimes" in section:
-        section["regimes"] = tuple(section["regimes"])
-        parse_regimes(section["regimes"], f"{where}: regimes")
-    out = cls(**section)
-    if int(out.batch_size) < 1:
-        raise ValueError(f"{where}: batch_size must be >= 1, got {out.batch_size}")
-    return out
-
-
-@dataclass(frozen=True)
-class ZeroShotSettings:
-    """``prompt_sets``: None = every zero-shot prompt set that covers the task; ``regimes``: which rows are
-    predicted; ``batch_size``: images per forward pass; ``device``: auto = CUDA when present."""
-
-    prompt_sets: tuple[str, ...] | None = None
-    regimes: tuple[str, ...] = ("u-u",)
-    batch_size: int = 64
-    device: str = "auto"
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> ZeroShotSettings:
-        return _settings_from(cls, section, "zeroshot settings")
-
-
-@dataclass(frozen=True)
-class MLLMSettings:
-    """As :class:`ZeroShotSettings`, plus ``max_new_tokens`` (greedy; the answer must start within it) and
-    ``dtype`` (auto = bf16 on CUDA, fp32 on CPU)."""
-
-    prompt_sets: tuple[str, ...] | None = None
-    regimes: tuple[str, ...] = ("u-u",)
-    batch_size: int = 8
-    device: str = "auto"
-    max_new_tokens: int = 8
-    dtype: str = "auto"
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> MLLMSettings:
-        out = _settings_from(cls, section, "mllm settings")
-        if int(out.max_new_tokens) < 1:
-            raise ValueError(f"mllm settings: max_new_tokens must be >= 1, got {out.max_new_tokens}")
-        return out
-
-
-def section_defaults(settings_cls) -> dict[str, Any]:
-    """A config section's defaults: the planning keys (``enabled``; ``encoders``: null = every registry entry
-    declaring the interface; ``task_sets``: null = one set ``all`` of the config's tasks) + the job settings."""
-    job = {f.name: (list(f.default) if isinstance(f.default, tuple) else f.default) for f in fields(settings_cls)}
-    return {"enabled": False, "encoders": None, "task_sets": None, **job}
-
-
-def job_settings(section: Mapping[str, Any], settings_cls):
-    """The job settings of a merged config section (the planning keys removed)."""
-    return settings_cls.from_config({k: v for k, v in section.items() if k not in ("enabled", "encoders", "task_sets")})
-
-
 @dataclass(frozen=True)
 class InterfaceSpec:
     """One interface for the protocol registry: the registry entries it selects (``entry_interface`` in their
     ``interfaces``), the protocol names its predictions carry (``<protocol>@<set>`` for a non-default prompt
-    set), its settings section, its job function (``module:function``, imported when the job runs) and the extra
-    prediction columns beyond the shared schema."""
+    set), its job's settings and its config section's model, its job function (``module:function``, imported
+    when the job runs) and the extra prediction columns beyond the shared schema."""
 
     name: str
     entry_interface: str
     protocols: tuple[str, ...]
     settings: type
+    section: type
     job: str
     kind: str = "images+prompts"
     gpu: int = 1
@@ -127,8 +67,9 @@ class InterfaceSpec:
 
 INTERFACES: dict[str, InterfaceSpec] = {
     "zeroshot": InterfaceSpec("zeroshot", "zeroshot", ("zeroshot", "zeroshot_focus"), ZeroShotSettings,
-                              "retinabench.protocols.zeroshot:run", extras=("prompt_set",)),
-    "mllm": InterfaceSpec("mllm", "mllm", ("mllm", "mllm_renorm"), MLLMSettings, "retinabench.protocols.mllm:run",
+                              ZeroShotSection, "retinabench.protocols.zeroshot:run", extras=("prompt_set",)),
+    "mllm": InterfaceSpec("mllm", "mllm", ("mllm", "mllm_renorm"), MLLMSettings, MLLMSection,
+                          "retinabench.protocols.mllm:run",
                           extras=("answer", "answer_valid", "prob_yes", "prob_no", "mass", "prompt_set", "prompt")),
 }
 

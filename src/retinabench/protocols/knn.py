@@ -7,24 +7,22 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
-AUTO_K = 20  # `k: auto` -> min(AUTO_K, training images)
+from retinabench.settings.protocols import AUTO_K, KnnSettings
 
 
 def resolve_k(k: int | str, n_train: int) -> int:
-    """The neighbour count used: ``auto`` is ``min(20, n_train)``; a number larger than the training set is an
-    error (capping it silently would report a different protocol than the one configured)."""
+    """The neighbour count used (``k`` as the ``knn:`` section types it: a positive integer or ``auto``):
+    ``auto`` is ``min(AUTO_K, n_train)``; a number larger than the training set is an error (capping it silently
+    would report a different protocol than the one configured)."""
     if k == "auto":
         return max(1, min(AUTO_K, n_train))
-    if not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"knn: k must be a positive integer or 'auto', got {k!r}")
     if k > n_train:
         raise ValueError(f"knn: k = {k} but the training set has {n_train} images; lower knn.k or set k: auto")
     return int(k)
 
 
 def knn_predict_proba(train_x: np.ndarray, train_y: np.ndarray, query_x: np.ndarray, n_classes: int, *,
-                      k: int | str = 20, temperature: float = 0.07, chunk: int = 4096) -> np.ndarray:
+                      k: int | str, temperature: float, chunk: int = 4096) -> np.ndarray:
     tr = torch.nn.functional.normalize(torch.as_tensor(train_x, dtype=torch.float32), dim=1)
     ty = torch.as_tensor(np.array(train_y), dtype=torch.long)
     k = resolve_k(k, tr.shape[0])
@@ -39,10 +37,10 @@ def knn_predict_proba(train_x: np.ndarray, train_y: np.ndarray, query_x: np.ndar
 
 
 # -- the protocol registry's interface (retinabench.protocols.registry) ------------------------------------------
-def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: dict):
+def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: KnnSettings):
     """kNN keeps its training set; ``k`` and ``temperature`` from the ``knn:`` section. No training log."""
-    return {"x": train_x, "y": train_y, "n_classes": n_classes, "k": settings.get("k", 20),
-            "temperature": settings.get("temperature", 0.07)}, None
+    return {"x": train_x, "y": train_y, "n_classes": n_classes, "k": settings.k,
+            "temperature": settings.temperature}, None
 
 
 def predict(model: dict, x: np.ndarray) -> np.ndarray:

@@ -6,27 +6,17 @@ learning rate work across encoders whose embedding scales differ by orders of ma
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from retinabench.protocols.common import class_weights, make_scheduler
-
-
-@dataclass
-class LinearConfig:
-    epochs: int = 100
-    steps_per_epoch: int = 25
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    warmup_frac: float = 0.1
+from retinabench.settings.protocols import LinearSettings
 
 
 def train_linear_probe(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, weighted: bool,
-                       cfg: LinearConfig) -> tuple[nn.Module, list[dict]]:
+                       cfg: LinearSettings) -> tuple[nn.Module, list[dict]]:
     """Train on (train_x, train_y); return the head (with standardisation folded in) of the best val epoch."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -89,11 +79,11 @@ def linear_predict_proba(head: nn.Module, x: np.ndarray) -> np.ndarray:
 
 
 # -- the protocol registry's interface (retinabench.protocols.registry) ------------------------------------------
-def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: dict):
+def fit(train_x, train_y, val_x, val_y, n_classes: int, *, seed: int, balanced: bool, settings: LinearSettings):
     """The head of the best validation epoch and its training log; class-weighted loss unless trained on the
     balanced undersample."""
     return train_linear_probe(train_x, train_y, val_x, val_y, n_classes, seed=seed, weighted=not balanced,
-                              cfg=LinearConfig(**settings))
+                              cfg=settings)
 
 
 def predict(head: nn.Module, x: np.ndarray) -> np.ndarray:

@@ -4,7 +4,8 @@ Training (:func:`train_lora`): one adapter per (MLLM, source dataset, task), pef
 the *language model* (not the vision tower, not the projector, not ``lm_head``; the explicit module list is what
 the adapter records), r 16, α 16, dropout 0.05, no bias, 1 epoch, lr 2e-5, per-device batch 4 × gradient
 accumulation 4 (1 × 8 for the 27B size class, ``params_m >= large_min_params_m``), bf16 and gradient
-checkpointing on CUDA — :class:`LoraSettings`, the FOCUS defaults, read from the config's ``lora:`` section.
+checkpointing on CUDA — :class:`~retinabench.settings.LoraSettings`, the FOCUS defaults, the config's
+``lora.train``.
 transformers' ``Trainer`` runs the loop (accelerate underneath: ``torchrun`` / ``accelerate launch`` give one
 process per GPU with no code change); checkpoints every ``save_steps`` optimizer steps, and a killed job resumes
 from the last one (optimizer, scheduler, RNG and data position restored by the Trainer).
@@ -21,7 +22,6 @@ Strict loading and the adapter's provenance sidecar live in :mod:`retinabench.mo
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -38,88 +38,12 @@ from retinabench.atomic import write_text_atomic
 from retinabench.prompts import PromptRegistry, YesNoPrompt, render_questions
 from retinabench.models.adapters import AdapterError, base_record, name_base_model
 from retinabench.models.mllm import MLLM
+from retinabench.settings.layers import LABEL_MASKS, LoraSettings
 
-LABEL_MASKS = ("answer", "full")   # answer: loss on the assistant turn only (default); full: FOCUS (whole prompt)
+FOCUS = LoraSettings()  # FOCUS's training settings: the defaults of the config's lora.train
+
 IGNORE_INDEX = -100
 PROTOCOL = "mllm_lora"            # the training log's protocol name
-# --- settings -----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LoraSettings:
-    """The config's ``lora:`` section; defaults are FOCUS's."""
-
-    r: int = 16
-    alpha: int = 16
-    dropout: float = 0.05
-    bias: str = "none"
-    epochs: float = 1.0
-    lr: float = 2e-5
-    scheduler: str = "linear"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    batch_size: int = 4
-    grad_accum: int = 4
-    # the 27B size class (Gemma-3-27B, MedGemma-27B): 1 x 8
-    large_min_params_m: float = 20000.0
-    large_batch_size: int = 1
-    large_grad_accum: int = 8
-    max_steps: int = -1               # > 0: stop after that many optimizer steps (tests, smoke runs)
-    save_steps: int = 50
-    save_total_limit: int = 2
-    keep_checkpoints: bool = False    # delete the checkpoint folder once the adapter is written
-    seed: int = 0
-    prompt_set: str | None = None     # None: the registry's default mllm set
-    label_mask: str = "answer"
-    train_balanced: bool = False      # True: the balanced subset of the training split only
-    precision: str = "auto"           # auto: bf16 on CUDA, fp32 on CPU; or bf16 / fp32
-    gradient_checkpointing: str | bool = "auto"   # auto: on CUDA only
-    # under a process group of W processes (one per GPU), divide the accumulation by W so that the effective batch
-    # (per-device batch x accumulation x W) stays FOCUS's per-device batch x accumulation (16; 8 for the 27B class)
-    keep_effective_batch: bool = True
-
-    def __post_init__(self):
-        if self.bias != "none":
-            raise ValueError(f"lora.bias must be 'none' (FOCUS trains no biases), got {self.bias!r}")
-        if self.label_mask not in LABEL_MASKS:
-            raise ValueError(f"lora.label_mask must be one of {LABEL_MASKS}, got {self.label_mask!r}")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"lora.precision must be auto, bf16 or fp32, got {self.precision!r}")
-        for k in ("r", "alpha", "batch_size", "grad_accum", "large_batch_size", "large_grad_accum", "save_steps"):
-            if int(getattr(self, k)) < 1:
-                raise ValueError(f"lora.{k} must be >= 1, got {getattr(self, k)!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
-
-    @classmethod
-    def from_config(cls, config: dict | None) -> LoraSettings:
-        """From the whole config (its ``lora:`` key) or the section itself; unknown keys fail, naming them."""
-        section = dict((config or {}).get("lora", config or {}) or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise KeyError(f"lora: unknown key(s) {unknown}; known: {sorted(known)}")
-        return cls(**section)
-
-    def batching(self, entry: dict) -> tuple[int, int]:
-        """(per-device batch, gradient accumulation) for an encoder entry: 1 x 8 for the 27B class."""
-        if float(entry.get("params_m") or 0.0) >= self.large_min_params_m:
-            return int(self.large_batch_size), int(self.large_grad_accum)
-        return int(self.batch_size), int(self.grad_accum)
-
-    def per_process(self, entry: dict, world_size: int) -> tuple[int, int]:
-        """(per-device batch, accumulation) for one of ``world_size`` processes (see ``keep_effective_batch``)."""
-        batch, accum = self.batching(entry)
-        if world_size > 1 and self.keep_effective_batch:
-            if accum % world_size:
-                raise ValueError(f"lora: gradient accumulation {accum} is not divisible by the {world_size} "
-                                 "processes; the effective batch cannot be kept (set grad_accum to a multiple, or "
-                                 "keep_effective_batch: false for batch x accumulation x processes)")
-            accum //= world_size
-        return batch, accum
-
-    def record(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 # --- the modules LoRA adapts ----------------------------------------------------------------------------------
 def language_model_prefix(model) -> str:
     """Qualified name of the language model inside an image-text-to-text model (``model.language_model``)."""
@@ -162,7 +86,7 @@ class SFTExample:
 
 
 def training_examples(images: np.ndarray, image_ids: Sequence[str], manifest: pd.DataFrame, split: pd.DataFrame,
-                      task: dict, prompts: PromptRegistry, settings: LoraSettings = LoraSettings()
+                      task: dict, prompts: PromptRegistry, settings: LoraSettings = FOCUS
                       ) -> tuple[list[SFTExample], YesNoPrompt]:
     """The task's training-split rows as (image, rendered question, ``yes``/``no``) in split order, and the
     prompt they were rendered with. Refuses a split whose training patients appear among its val/test rows."""
@@ -278,7 +202,7 @@ def _resolve_precision(settings: LoraSettings, device) -> tuple[bool, bool]:
 
 
 def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, out_dir: str | os.PathLike,
-               settings: LoraSettings = LoraSettings(), *, entry: dict | None = None, task: dict | None = None,
+               settings: LoraSettings = FOCUS, *, entry: dict | None = None, task: dict | None = None,
                callbacks: Sequence = (), log=print) -> dict:
     """Train a LoRA adapter on ``examples``; write ``out_dir/adapter/`` (peft folder), ``train_log.parquet``
     (loss per optimizer step, the training-log schema) and ``compute.json``; return the run record.

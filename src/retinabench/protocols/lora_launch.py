@@ -45,8 +45,8 @@ def train_job(spec: dict, log=print) -> dict:
     from retinabench.protocols.lora import LoraSettings, train_lora, training_examples
     from retinabench.schemas import read_table
     # the job's threads are shared by the processes of its group
-    torch.set_num_threads(max(1, int(spec.get("threads", 1)) // int(os.environ.get("WORLD_SIZE", "1"))))
-    settings = LoraSettings.from_config(spec["settings"])
+    torch.set_num_threads(max(1, int(spec["threads"]) // int(os.environ.get("WORLD_SIZE", "1"))))
+    settings = LoraSettings.of(spec["settings"], "lora.train")
     entry, task = spec["entry"], spec["task"]
     images, index = open_image_cache(spec["inputs"]["array"], spec["inputs"]["index"])
     manifest = read_table(spec["inputs"]["manifest"], "manifest")
@@ -55,8 +55,7 @@ def train_job(spec: dict, log=print) -> dict:
     examples, prompt = training_examples(images, list(index["image_id"]), manifest, split, task, prompts, settings)
     log(f"lora {entry['name']}/{task['name']}: {len(examples)} training examples "
         f"({sum(e.answer == 'yes' for e in examples)} yes), prompt set {prompt.set_name!r}")
-    mllm = load_mllm(entry, spec.get("weights"), device=local_device(spec.get("device", "auto")),
-                     dtype=spec.get("dtype", "auto"))
+    mllm = load_mllm(entry, spec.get("weights"), device=local_device(spec["device"]), dtype=spec["dtype"])
     record = train_lora(mllm, examples, prompt, spec["out_dir"], settings, entry=entry, task=task, log=log)
     if "rank" in record:
         return record
@@ -95,7 +94,7 @@ def _run_group(spec: dict, n_processes: int, spec_path: Path, log) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n_processes}",
            "-m", "retinabench.protocols.lora_launch", str(spec_path)]
     log(f"lora: launching {n_processes} processes: {' '.join(cmd)}")
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, int(spec.get("threads", 1)) // n_processes))}
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, int(spec["threads"]) // n_processes))}
     tail: list[str] = []
     errors: list[str] = []  # the ranks' own exceptions (torchrun's summary that follows them names no cause)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:

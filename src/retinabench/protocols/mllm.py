@@ -277,7 +277,7 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     parser — on the adapter's own prompt set, the rows tagged by :func:`adapter_predictions` (protocols ``mllm_lora``,
     ``mllm_lora_renorm``; ``train_dataset``, ``train_task``, ``adapter``)."""
     from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
-    s = settings if isinstance(settings, MLLMSettings) else MLLMSettings.from_config(settings)
+    s = MLLMSettings.of(settings, "mllm")
     m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
     prompt_sets = s.prompt_sets
     if adapter is not None:

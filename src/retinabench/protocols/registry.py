@@ -7,22 +7,25 @@ A :class:`Protocol` declares
   by the frozen and transfer jobs through ``fit`` / ``predict``), ``images`` (trains on the image cache: full
   fine-tuning, augmented linear probing; LoRA SFT of MLLMs) or ``prompts`` (image-text models and MLLMs
   prompted per class: zero-shot, MLLM yes/no; no training);
-* ``section`` — its config section (``knn:``, ``linear:``, ...) and ``defaults`` — that section's defaults;
+* ``section`` — its config section (``knn:``, ``linear:``, ...), whose model in :mod:`retinabench.settings` holds
+  its settings, their types and defaults (:meth:`Protocol.settings` returns it, typed);
 * ``module`` — where its code lives: for ``features`` protocols ``fit(x_train, y_train, x_val, y_val, n_classes, *,
   seed, balanced, settings) -> (model, training-log rows or None)`` and ``predict(model, x) -> [n, n_classes]``
   probabilities; for the other kinds the job function (``module:function``) their pipeline stage calls;
 * ``deterministic`` — runs once (seed 0) instead of once per seed;
-* ``family`` — the protocol names one job of it writes (``zeroshot`` writes ``zeroshot`` and ``zeroshot_focus``);
-* ``settings_class`` — optional typed settings (``from_config(section)``) instead of the ``defaults`` dict.
+* ``family`` — the protocol names one job of it writes (``zeroshot`` writes ``zeroshot`` and ``zeroshot_focus``).
 
-A new frozen probe is one module (``fit`` / ``predict``) + one entry here + its config section; the frozen and
-transfer jobs, the config checks and the reliability / analysis layers pick it up from here.
+A new frozen probe is one module (``fit`` / ``predict``) + one entry here + its settings model and config section
+(retinabench.settings); the frozen and transfer jobs, the config checks and the reliability / analysis layers
+pick it up from here.
 """
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from retinabench.settings import Section, section_model
 
 KINDS = ("features", "images", "prompts")
 
@@ -33,15 +36,15 @@ class Protocol:
     kind: str
     module: str
     section: str | None = None
-    defaults: dict[str, Any] = field(default_factory=dict)
     deterministic: bool = False
     family: tuple[str, ...] = ()
     description: str = ""
-    settings_class: Any = None  # typed settings: a class with from_config(section) (e.g. a frozen dataclass)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"protocol {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+        if self.section is not None:
+            section_model(self.section)  # a section the settings declare
 
     def code(self):
         module, _, _ = self.module.partition(":")
@@ -59,16 +62,16 @@ class Protocol:
             raise TypeError(f"protocol {self.name!r} ({self.kind}) has no job function (module:function)")
         return getattr(importlib.import_module(module), fn)
 
-    def settings(self, config: dict) -> dict:
-        """Its config section over its defaults (unknown keys are an error naming the section), or, with a
-        ``settings_class``, that class built from the section (its own validation)."""
-        given = dict(config.get(self.section) or {}) if self.section else {}
-        if self.settings_class is not None:
-            return self.settings_class.from_config(given)
-        unknown = sorted(set(given) - set(self.defaults))
-        if unknown:
-            raise KeyError(f"{self.section}: unknown key(s) {unknown}; known: {sorted(self.defaults)}")
-        return {**self.defaults, **given}
+    @property
+    def settings_model(self) -> type[Section]:
+        if self.section is None:
+            raise TypeError(f"protocol {self.name!r} has no settings section")
+        return section_model(self.section)
+
+    def settings(self, config: Mapping[str, Any]) -> Any:
+        """Its typed settings: its section of ``config`` (a whole config or job params holding the section),
+        validated by the section's model (unknown keys are an error naming them, with a "did you mean")."""
+        return self.settings_model.from_config(config)
 
 
 class ProtocolRegistry:
@@ -106,18 +109,13 @@ PROTOCOLS = ProtocolRegistry()
 register = PROTOCOLS.register
 
 # -- frozen features ---------------------------------------------------------------------------------------------
-register(Protocol("knn", "features", "retinabench.protocols.knn", section="knn",
-                  defaults={"k": 20, "temperature": 0.07}, deterministic=True,
+register(Protocol("knn", "features", "retinabench.protocols.knn", section="knn", deterministic=True,
                   description="weighted kNN on cosine similarity (OcularBench)"))
 register(Protocol("linear", "features", "retinabench.protocols.linear", section="linear",
-                  defaults={"epochs": 100, "steps_per_epoch": 25, "batch_size": 64, "lr": 0.001,
-                            "weight_decay": 0.0001, "warmup_frac": 0.1},
                   description="linear head on cached features, AdamW + cosine schedule, best validation epoch"))
-register(Protocol("logreg", "features", "retinabench.protocols.logreg", section="logreg",
-                  defaults={"C": 1.0, "max_iter": 2000}, deterministic=True,
+register(Protocol("logreg", "features", "retinabench.protocols.logreg", section="logreg", deterministic=True,
                   description="FOCUS-style logistic regression, class-balanced, standardised input"))
-register(Protocol("centroid", "features", "retinabench.protocols.centroid", section="centroid",
-                  defaults={"temperature": 0.07}, deterministic=True,
+register(Protocol("centroid", "features", "retinabench.protocols.centroid", section="centroid", deterministic=True,
                   description="nearest class centroid (prototype) on cosine similarity"))
 # -- images --------------------------------------------------------------------------------------------------------
 register(Protocol("finetune", "images", "retinabench.protocols.finetune:run_finetune", section="finetune",
@@ -125,16 +123,13 @@ register(Protocol("finetune", "images", "retinabench.protocols.finetune:run_fine
 register(Protocol("linear_aug", "images", "retinabench.protocols.finetune:run_finetune", section="finetune",
                   description="frozen encoder, linear head trained on augmented images (the paper's linear probe)"))
 
-# -- prompts (retinabench.protocols.interfaces: settings, job planning; one job per entry x task set) -------------
-from retinabench.protocols.interfaces import MLLMSettings, ZeroShotSettings, section_defaults  # noqa: E402
-
-register(Protocol("zeroshot", "prompts", "retinabench.protocols.zeroshot:run", section="zeroshot",
-                  defaults=section_defaults(ZeroShotSettings), deterministic=True,
+# -- prompts (retinabench.protocols.interfaces: job planning; one job per entry x task set) ----------------------
+register(Protocol("zeroshot", "prompts", "retinabench.protocols.zeroshot:run", section="zeroshot", deterministic=True,
                   family=("zeroshot", "zeroshot_focus"),
                   description="CLIP-like zero-shot: the model's own head (zeroshot) and FOCUS's x100 softmax "
                               "(zeroshot_focus)"))
-register(Protocol("mllm", "prompts", "retinabench.protocols.mllm:run", section="mllm",
-                  defaults=section_defaults(MLLMSettings), deterministic=True, family=("mllm", "mllm_renorm"),
+register(Protocol("mllm", "prompts", "retinabench.protocols.mllm:run", section="mllm", deterministic=True,
+                  family=("mllm", "mllm_renorm"),
                   description="MLLM yes/no prompting: raw p_yes (mllm, FOCUS) and p_yes/(p_yes+p_no) (mllm_renorm), "
                               "one parsed answer, invalid answers kept"))
 
@@ -144,16 +139,7 @@ def frozen_protocols() -> list[str]:
 
 
 # -- LoRA SFT of MLLMs (workflow/rules/lora.smk): trains on the image cache, then answers with the mllm job function
-class _LoraSection:
-    """The `lora:` section through retinabench.settings.lora_settings (nested `train` / `deltas` checked there)."""
-
-    @staticmethod
-    def from_config(section: dict) -> dict:
-        from retinabench.settings import lora_settings
-        return lora_settings({"lora": section})
-
-
 register(Protocol("mllm_lora", "images", "retinabench.protocols.lora_launch:train_job", section="lora",
-                  deterministic=True, family=("mllm_lora", "mllm_lora_renorm"), settings_class=_LoraSection,
+                  deterministic=True, family=("mllm_lora", "mllm_lora_renorm"),
                   description="LoRA SFT of an MLLM on a source task's training split (FOCUS), answered like mllm / "
                               "mllm_renorm by the adapted model; paired with the base model in- and out-of-domain"))

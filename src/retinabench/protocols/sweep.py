@@ -14,7 +14,6 @@ metric at the optimal learning rate vs the mean over the sub-optimal ones (see :
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Callable
@@ -24,8 +23,7 @@ import pandas as pd
 
 from retinabench.protocols.finetune import DivergedError, TrainConfig, run_finetune
 from retinabench.regimes import train_sides
-from retinabench.settings import SWEEP_DEFAULTS, encoder_grid, sweep_settings, sweep_tasks  # noqa: F401
-from retinabench.settings import SWEEP_STAGES as STAGES
+from retinabench.settings.finetune import SWEEP_STAGES as STAGES
 
 CRITERION = "lowest seed-mean best-epoch validation loss; ties -> smaller learning rate"
 
@@ -34,11 +32,6 @@ RUNS_COLUMNS = ["encoder", "task", "protocol", "stage", "lr_name", "lr", "lr_enc
 SENSITIVITY_COLUMNS = ["encoder", "task", "stage", "protocol", "lr_name", "regime", "split", "metric", "lr_optimal",
                        "value_optimal", "value_suboptimal_mean", "value_suboptimal_sd", "n_suboptimal",
                        "n_diverged", "drop"]
-
-
-def sweep_train_config(finetune: dict, sweep: dict, **overrides) -> TrainConfig:
-    extra = {k: sweep[k] for k in ("epochs", "steps_per_epoch") if sweep.get(k) is not None}
-    return TrainConfig.from_settings(finetune, **extra, **overrides)
 
 
 def choose_lr(runs: pd.DataFrame) -> tuple[float, pd.DataFrame]:
@@ -75,7 +68,7 @@ def run_sweep_stage(stage: int, array_path, index: pd.DataFrame, split: pd.DataF
                    unit="runs")
     for lr in grid:
         lrs = {"lr_classifier": lr} if stage == 1 else {"lr_encoder": lr, "lr_classifier": lr_classifier}
-        run_cfg = dataclasses.replace(cfg, **lrs)
+        run_cfg = cfg.model_copy(update=lrs)
         for seed in seeds:
             bar_note = f"{lr_name}={lr:g} seed {seed}"
             where = Path(ckpt_dir) / f"{lr_name}_{lr:g}" / f"seed{seed}" if ckpt_dir else None

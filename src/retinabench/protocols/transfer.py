@@ -9,7 +9,7 @@ exactly as retinabench.protocols.frozen trains them, so ID rows here match the f
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -31,10 +31,11 @@ def _rows(split: pd.DataFrame, ids: pd.Index, part: str, balanced: bool, where: 
 
 def run_transfer(tasks: list[dict], features: dict[str, tuple[pd.Index, np.ndarray]],
                  splits: dict[str, pd.DataFrame], encoder: str, *, protocols: list[str], seeds: list[int],
-                 regimes: list[str], cfg: dict[str, Any]) -> pd.DataFrame:
+                 regimes: list[str], cfg: Mapping[str, Any]) -> pd.DataFrame:
     """Predictions (schema PREDICTIONS + train_dataset, train_task) of every source -> target pair of ``tasks``.
 
-    ``features``: dataset -> (image ids, array); ``splits``: task name -> split table.
+    ``features``: dataset -> (image ids, array); ``splits``: task name -> split table; ``cfg``: the protocols'
+    config sections by section name (typed by their settings models here).
     """
     if len(tasks) < 2:
         raise ValueError(f"transfer needs at least two tasks of one harmonised group, got {[t['name'] for t in tasks]}")
@@ -48,6 +49,7 @@ def run_transfer(tasks: list[dict], features: dict[str, tuple[pd.Index, np.ndarr
             if name not in table:
                 raise KeyError(f"transfer: no {key} for {name!r} (task {t['name']!r})")
     PROTOCOLS.check(protocols, "features", "transfer protocols")
+    settings = {name: PROTOCOLS.get(name).settings(cfg) for name in protocols}
     dims = {d: f.shape[1] for d, (_, f) in features.items()}
     if len(set(dims.values())) > 1:
         raise ValueError(f"transfer: feature dimensions differ between datasets {dims} (different encoders?)")
@@ -71,7 +73,7 @@ def run_transfer(tasks: list[dict], features: dict[str, tuple[pd.Index, np.ndarr
                 protocol = spec.name
                 for seed in ([0] if spec.deterministic else seeds):
                     model, _ = spec.fit(xtr, ytr, feats[va_idx], va["y"].to_numpy(), n_classes, seed=seed,
-                                        balanced=bal, settings=cfg.get(spec.section) or {})
+                                        balanced=bal, settings=settings[protocol])
                     probas = [spec.predict(model, q) for *_, q in queries]
                     val_proba = probas[0]
                     for (regime, tgt, rows, _), proba in zip(queries[1:], probas[1:]):

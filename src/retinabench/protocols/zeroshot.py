@@ -209,7 +209,7 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     ``prompt_set``), checked against the schema; ``settings``: a
     :class:`~retinabench.protocols.interfaces.ZeroShotSettings` or its config section."""
     from retinabench.protocols.interfaces import ZeroShotSettings, finish_predictions
-    s = settings if isinstance(settings, ZeroShotSettings) else ZeroShotSettings.from_config(settings)
+    s = ZeroShotSettings.of(settings, "zeroshot")
     dual = load_dual_encoder(entry, weights=weights)
     log(f"zeroshot {entry['name']}: {dual.family} head, logit_scale {dual.logit_scale:.4g}"
         + ("" if dual.logit_bias is None else f", logit_bias {dual.logit_bias:.4g}")

@@ -157,7 +157,7 @@ class Registries:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Registries:
         reg = config["registries"]
-        return cls(reg["datasets"], reg["tasks"], reg["encoders"], results=str(config.get("results", "results")))
+        return cls(reg["datasets"], reg["tasks"], reg["encoders"], results=str(config["results"]))
 
     def task(self, name: str) -> dict:
         try:

@@ -28,7 +28,7 @@ def size_class_for(params_m: float) -> str:
 
 def feature_batch_size(entry: dict, features: dict) -> int:
     """``features.batch_size``: ``auto`` -> the size class's batch; an integer -> that batch for every encoder."""
-    requested = features.get("batch_size", "auto")
+    requested = features["batch_size"]
     return SIZE_CLASSES[entry["size_class"]]["feature_batch"] if requested == "auto" else int(requested)
 
 

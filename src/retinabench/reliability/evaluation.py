@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from retinabench.schemas import PREDICTIONS
-from retinabench.settings import BOOTSTRAP_UNITS, RELIABILITY_DEFAULTS, reliability_settings  # noqa: F401 (re-exported)
+from retinabench.settings.base import BOOTSTRAP_UNITS
+from retinabench.settings.reliability import ReliabilitySettings
 
 KINDS = ("metrics", "thresholds", "calibration", "bins", "subgroups", "gaps", "coverage")
 # The hard decision a protocol wrote (its `y_pred`: the argmax for every probe and fine-tuning, FOCUS's argmax rule;
@@ -27,12 +28,12 @@ CELL_KEYS = [*UNIT_KEYS, "dataset", "task"]
 ATTRIBUTE_COLUMNS = ("age", "sex", "quality", "site")
 
 
-def attributes_of(settings: dict):
+def attributes_of(settings: ReliabilitySettings):
     from retinabench.metrics.fairness import Attribute
-    fair = [Attribute.from_config(a, kind="fairness", min_group_size=settings["min_group_size"])
-            for a in settings["attributes"]]
-    qual = [Attribute.from_config(a, kind="quality", min_group_size=settings["min_quality_group_size"])
-            for a in settings["quality"]]
+    fair = [Attribute.from_settings(a, kind="fairness", min_group_size=settings.min_group_size)
+            for a in settings.attributes]
+    qual = [Attribute.from_settings(a, kind="quality", min_group_size=settings.min_quality_group_size)
+            for a in settings.quality]
     names = [a.name for a in fair + qual]
     if len(set(names)) != len(names):
         raise ValueError(f"reliability: attribute names must be unique, got {names}")
@@ -113,8 +114,8 @@ def attach_manifest(preds: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFrame
 # per-job evaluation
 # --------------------------------------------------------------------------------------------------------------
 def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions: pd.DataFrame,
-                         splits: dict[str, pd.DataFrame], tasks: dict[str, dict], settings: dict, *,
-                         source: str) -> dict[str, pd.DataFrame]:
+                         splits: dict[str, pd.DataFrame], tasks: dict[str, dict], settings: ReliabilitySettings,
+                         *, source: str) -> dict[str, pd.DataFrame]:
     """All reliability tables (KINDS) of one predictions table."""
     from retinabench.metrics import calibration as cal
     from retinabench.metrics.coverage import Coverage, label_exclusions
@@ -124,9 +125,9 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
 
     preds = attach_manifest(prepare_predictions(preds, tasks, source), manifest)
     attributes = attributes_of(settings)
-    n_bins, rule = settings["n_bins"], settings["threshold_rule"]
-    boot = settings["bootstrap"]
-    n_boot, level, boot_unit = int(boot["n_boot"]), float(boot["level"]), boot["unit"]
+    n_bins, rule = settings.n_bins, settings.threshold_rule
+    boot = settings.bootstrap
+    n_boot, level, boot_unit = boot.n_boot, boot.level, boot.unit
     out: dict[str, list] = {k: [] for k in KINDS}
     cov = Coverage()
     from retinabench.progress import progress
@@ -160,7 +161,7 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
             clusters = resampling_units(test, boot_unit)
             n, n_pat = len(test), int(pd.unique(patients).size)
             n_pos = int((y == 1).sum()) if binary else None
-            W = cluster_weights(clusters, n_boot, make_rng(boot["seed"], "cell", *ckeys.values()))
+            W = cluster_weights(clusters, n_boot, make_rng(boot.seed, "cell", *ckeys.values()))
             names = metric_names(len(classes))
             for name, thr, _ in rules:
                 pred = decisions(test, proba, name, thr)
@@ -221,7 +222,7 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
                 for why, k in info["excluded"].items():
                     cov.add(covkeys, scope, "excluded", k, why)
                 for name, thr, _ in rules:
-                    rng = make_rng(boot["seed"], "subgroup", *ckeys.values(), attr.name)
+                    rng = make_rng(boot.seed, "subgroup", *ckeys.values(), attr.name)
                     groups, gaps = subgroup_analysis(y, proba, decisions(test, proba, name, thr), patients, labels,
                                                      attr, info, n_boot=n_boot, rng=rng, level=level,
                                                      clusters=clusters)

@@ -8,33 +8,21 @@ import numpy as np
 import pandas as pd
 
 from retinabench.metrics.table import reliability_name
+from retinabench.settings.reliability import ReliabilitySettings
 
 MODEL_KEYS = ("source", "encoder", "protocol")
 
 
-def comparison_pairs(preds: pd.DataFrame, settings: dict, encoder_order: list[str]) -> list[tuple[dict, dict]]:
-    """Model pairs (a, b): the configured ``pairs`` or, by default, every encoder pair within each
-    (source, protocol), a = the encoder listed first in the config."""
-    p = settings["paired"]
-    if p["pairs"]:
-        out = []
-        for i, spec in enumerate(p["pairs"]):
-            if set(spec) != {"a", "b"}:
-                raise KeyError(f"reliability.paired.pairs[{i}] needs keys a and b, got {sorted(spec)}")
-            models = []
-            for side in ("a", "b"):
-                m = {"source": "frozen", **spec[side]}
-                bad = sorted(set(m) - set(MODEL_KEYS))
-                lack = [k for k in ("encoder", "protocol") if k not in m]
-                if bad or lack:
-                    raise KeyError(f"reliability.paired.pairs[{i}].{side}: keys must be encoder, protocol "
-                                   f"(+ source), got {sorted(spec[side])}")
-                models.append(m)
-            out.append((models[0], models[1]))
-        return out
+def comparison_pairs(preds: pd.DataFrame, settings: ReliabilitySettings,
+                     encoder_order: list[str]) -> list[tuple[dict, dict]]:
+    """Model pairs (a, b) as {source, encoder, protocol}: the configured ``paired.pairs`` or, by default, every
+    encoder pair within each (source, protocol), a = the encoder listed first in the config."""
+    p = settings.paired
+    if p.pairs:
+        return [(pair.a.plain(include=set(MODEL_KEYS)), pair.b.plain(include=set(MODEL_KEYS))) for pair in p.pairs]
     order = {e: i for i, e in enumerate(encoder_order)}
     out = []
-    protocols = p["protocols"]
+    protocols = p.protocols
     for (source, protocol), part in preds.groupby(["source", "protocol"], sort=True):
         if protocols is not None and protocol not in protocols:
             continue
@@ -55,8 +43,8 @@ def _model_rows(preds: pd.DataFrame, model: dict) -> pd.DataFrame:
 SHIFT_FIELD = "shift"   # paired.domain value grouping comparisons by in-domain vs out-of-domain (FOCUS Table 5)
 
 
-def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[str, dict], settings: dict,
-                       encoder_order: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[str, dict],
+                       settings: ReliabilitySettings, encoder_order: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(comparison-level, domain-level) paired bootstrap comparisons; delta = model b − model a.
 
     Per (training task, test task): test rows of both models are aligned by image id (intersection over both
@@ -71,10 +59,10 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     its own replicate), BH within each (metric family, domain field).
     """
     from retinabench.stats.bootstrap import bootstrap_p_value, cluster_weights, make_rng, percentile_ci
-    p, boot = settings["paired"], settings["bootstrap"]
-    n_boot, level, n_bins, boot_unit = int(boot["n_boot"]), float(boot["level"]), settings["n_bins"], boot["unit"]
-    fields = [p["domain"]] if isinstance(p["domain"], str) else list(p["domain"])
-    preds = preds[(preds["split"] == "test") & (preds["regime"] == p["regime"])]
+    p, boot = settings.paired, settings.bootstrap
+    n_boot, level, n_bins, boot_unit = boot.n_boot, boot.level, settings.n_bins, boot.unit
+    fields = list(p.domain)
+    preds = preds[(preds["split"] == "test") & (preds["regime"] == p.regime)]
     own = preds["train_task"] == preds["task"]
     preds = preds[own | (preds["train_dataset"] != preds["dataset"])]
     preds = preds[~((preds["source"] == "transfer") & (preds["train_dataset"] == preds["dataset"]))]
@@ -95,7 +83,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
                 continue  # neither model has this (training task, test task) cell: not a comparison of this pair
             base = {**{f"{k}_a": a[k] for k in MODEL_KEYS}, **{f"{k}_b": b[k] for k in MODEL_KEYS},
                     "train_dataset": train_dataset, "train_task": train_task, "dataset": tasks[task]["dataset"],
-                    "task": task, "setting": setting, "regime": p["regime"], "bootstrap_unit": boot_unit}
+                    "task": task, "setting": setting, "regime": p.regime, "bootstrap_unit": boot_unit}
             if ra.empty or rb.empty:
                 rows.append({**base, "skipped": True, "reason": f"no {p['regime']} test predictions for model "
                                                                 f"{'a' if ra.empty else 'b'} on this task"})
@@ -120,10 +108,10 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
                 raise KeyError(f"paired comparison on {task}: {int(pd.isna(patients).sum())} images are not in "
                                "the manifest")
             units = patients.astype(str) if boot_unit == "patient" else np.asarray(common, dtype=str)
-            W = cluster_weights(units, n_boot, make_rng(boot["seed"], "paired", train_task, task, len(common)))
-            names = [reliability_name(m, len(classes)) for m in p["metrics"]]  # p["metrics"]: metric families
+            W = cluster_weights(units, n_boot, make_rng(boot.seed, "paired", train_task, task, len(common)))
+            names = [reliability_name(m, len(classes)) for m in p.metrics]  # p.metrics: metric families
             values, reps = paired_metric_replicates(per_seed, common, y, pcols, names, W, n_bins=n_bins)
-            for base_name, m in zip(p["metrics"], names):
+            for base_name, m in zip(p.metrics, names):
                 d = reps["b"][m] - reps["a"][m]
                 lo, hi, n_valid = percentile_ci(d, level)
                 key = len(rows)
@@ -155,7 +143,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
                            index=grouped.index)
         for by_domain in (True, False):
             keys = [*mk, "metric_family"] + (["domain"] if by_domain else [])
-            part = summarise_comparisons(grouped, reps_of, keys, boot, rng_key=("domain", field), labels=labels,
+            part = summarise_comparisons(grouped, reps_of, keys, boot.plain(), rng_key=("domain", field), labels=labels,
                                          label_name="tasks")
             if part.empty:
                 continue

@@ -4,14 +4,16 @@ from __future__ import annotations
 import pandas as pd
 
 from retinabench.reliability.evaluation import AS_WRITTEN, CELL_KEYS
+from retinabench.settings.reliability import ReliabilitySettings
 
 
-def harmonised_coverage(settings: dict, datasets: list[str], tasks: dict[str, dict]) -> pd.DataFrame:
+def harmonised_coverage(settings: ReliabilitySettings, datasets: list[str], tasks: dict[str, dict]) -> pd.DataFrame:
     """Coverage rows for harmonised tasks a dataset does not support, and for groups without a transfer partner."""
     from retinabench.data.derived import harmonised_groups, unsupported_harmonised
     from retinabench.metrics.coverage import COVERAGE_COLUMNS
     rows = []
-    for r in unsupported_harmonised(settings["harmonised"], datasets, tasks).to_dict("records"):
+    catalogue = {h: entry.plain() for h, entry in settings.harmonised.items()}
+    for r in unsupported_harmonised(catalogue, datasets, tasks).to_dict("records"):
         rows.append({"source": "*", "encoder": "*", "protocol": "*", "dataset": r["dataset"], "task": r["task"],
                      "regime": "*", "scope": "harmonised", "status": "not_supported", "n_rows": 0,
                      "reason": r["reason"]})
@@ -39,7 +41,7 @@ def analysis_subgroup_metrics(subgroups: pd.DataFrame) -> pd.DataFrame:
     return s[[*METRICS.names, "attribute", "group", "n_patients", "below_min_size", "source"]].reset_index(drop=True)
 
 
-def summary_scores(gaps: pd.DataFrame, metrics: pd.DataFrame, tasks: dict[str, dict], settings: dict
+def summary_scores(gaps: pd.DataFrame, metrics: pd.DataFrame, tasks: dict[str, dict], settings: ReliabilitySettings
                    ) -> pd.DataFrame:
     """Fairness and Quality per (model cell, threshold) averaged over seeds; Shift per model and harmonised task."""
     from retinabench.metrics.fairness import FORMULAS, gap_score, shift_scores
@@ -55,7 +57,7 @@ def summary_scores(gaps: pd.DataFrame, metrics: pd.DataFrame, tasks: dict[str, d
                     n_seeds=("seed", "nunique")).reset_index())
         for key, cell in agg.groupby(keys, dropna=False, sort=True):
             base = dict(zip(keys, key))
-            for score, kind, attrs in (("fairness", "fairness", settings["fairness_score_attributes"]),
+            for score, kind, attrs in (("fairness", "fairness", settings.fairness_score_attributes),
                                        ("quality", "quality", None)):
                 rows.append({"score": score, **base, **gap_score(cell, attrs, kind),
                              "n_seeds": int(cell["n_seeds"].max()), "formula": FORMULAS[score]})

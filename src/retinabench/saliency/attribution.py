@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from retinabench.settings import SALIENCY_BASELINES as BASELINES  # noqa: F401
-from retinabench.settings import SALIENCY_NT_TYPES as NT_TYPES  # noqa: F401
+from retinabench.settings.layers import SALIENCY_BASELINES as BASELINES  # noqa: F401
+from retinabench.settings.layers import SALIENCY_NT_TYPES as NT_TYPES  # noqa: F401
 
 
 class CacheInput(nn.Module):

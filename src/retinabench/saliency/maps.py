@@ -21,8 +21,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from retinabench.settings import SALIENCY_DEFAULTS, saliency_settings  # noqa: F401  (re-exported)
-from retinabench.settings import SALIENCY_NOT_RESULT as NOT_RESULT  # noqa: F401
+from retinabench.settings.layers import SaliencySettings
 
 SALIENCY_COLUMNS = ["encoder", "task", "protocol", "class_index", "class", "image_id", "y_true", "y_pred",
                     "predicted", "p_predicted", "correct", "map_protocol", "map_image", "weights", "weights_sha256",
@@ -31,7 +30,7 @@ SALIENCY_COLUMNS = ["encoder", "task", "protocol", "class_index", "class", "imag
 MAP_KEYS = ("image", "attribution", "gray", "clahe", "protocols", "image_ids")
 
 
-def select_images(split: pd.DataFrame, classes: list[str], *, seed: int = 0, per_class: int = 1,
+def select_images(split: pd.DataFrame, classes: list[str], *, seed: int, per_class: int,
                   part: str = "test") -> tuple[pd.DataFrame, list[str]]:
     """The ``per_class`` images of each class in the ``part`` split that come first in the order of
     sha256(f"{seed}:{image_id}") — deterministic, independent of row order and of any model. Returns the rows
@@ -49,10 +48,11 @@ def select_images(split: pd.DataFrame, classes: list[str], *, seed: int = 0, per
 
 
 def run_saliency(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.DataFrame, task: dict,
-                 encoder_entry: dict, weights: dict[str, str], settings: dict, *,
+                 encoder_entry: dict, weights: dict[str, str], settings: SaliencySettings, *,
                  log: Callable[[str], None] = print) -> tuple[pd.DataFrame, dict, list[str]]:
     """Attributions of each protocol's trained model (``weights``: protocol -> weights file) on the selected test
-    images. Returns (table, arrays for :func:`write_maps`, classes without a test image)."""
+    images, under the ``saliency:`` settings. Returns (table, arrays for :func:`write_maps`, classes without a
+    test image)."""
     import torch
     from retinabench.features.extract import pick_device
     from retinabench.protocols.finetune import load_finetuned
@@ -60,8 +60,8 @@ def run_saliency(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
                                                   predict)
     from retinabench.saliency.postprocess import postprocess
     classes = list(task["classes"])
-    sel, missing = select_images(split, classes, seed=settings["selection_seed"],
-                                 per_class=settings["images_per_class"])
+    s = settings
+    sel, missing = select_images(split, classes, seed=s.selection_seed, per_class=s.images_per_class)
     for name in missing:
         log(f"saliency {encoder_entry['name']} / {task['name']}: class {name!r} has no test image; its column "
             "stays empty")
@@ -73,7 +73,7 @@ def run_saliency(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
         raise KeyError(f"{len(absent)} selected test images are not in the image cache {array_path}: {absent[:3]}")
     cache = np.load(array_path, mmap_mode="r")
     images = np.stack([np.array(cache[id_to_row[i]]) for i in sel["image_id"]])
-    dev = pick_device(settings["device"])
+    dev = pick_device(s.device)
     protocols = list(weights)
     shape = images.shape[1:3]
     attr = np.zeros((len(protocols), len(sel), 3, *shape), np.float32)
@@ -82,21 +82,18 @@ def run_saliency(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
     rows = []
     for p, protocol in enumerate(protocols):
         model, encoder, info = load_finetuned(weights[protocol], encoder_entry, task, protocol=protocol,
-                                              train_regime=settings["train_regime"])
+                                              train_regime=s.train_regime)
         net = CacheInput(model, encoder.input_size).to(dev).eval()
         for k, r in enumerate(sel.to_dict("records")):
             x = normalise(images[k], encoder.mean, encoder.std, dev)
             proba = predict(net, x)
             target = int(np.argmax(proba))
             a, delta = integrated_gradients_nt(
-                net, x, target, nt_samples=settings["nt_samples"], stdev=settings["stdev"],
-                n_steps=settings["n_steps"], nt_type=settings["nt_type"],
-                nt_samples_batch_size=settings["nt_samples_batch_size"],
-                internal_batch_size=settings["internal_batch_size"],
-                baseline=baseline_tensor(settings["baseline"], x, encoder.mean, encoder.std),
-                seed=settings["noise_seed"])
+                net, x, target, nt_samples=s.nt_samples, stdev=s.stdev, n_steps=s.n_steps, nt_type=s.nt_type,
+                nt_samples_batch_size=s.nt_samples_batch_size, internal_batch_size=s.internal_batch_size,
+                baseline=baseline_tensor(s.baseline, x, encoder.mean, encoder.std), seed=s.noise_seed)
             attr[p, k] = a
-            gray[p, k], clahe_maps[p, k] = postprocess(a, settings)
+            gray[p, k], clahe_maps[p, k] = postprocess(a, s)
             rows.append({"encoder": encoder_entry["name"], "task": task["name"], "protocol": protocol,
                          "class_index": r["class_index"], "class": r["class"], "image_id": r["image_id"],
                          "y_true": r["y_true"],
@@ -104,10 +101,9 @@ def run_saliency(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
                          "correct": target == r["y_true"], "map_protocol": p, "map_image": k,
                          "weights": str(weights[protocol]), "weights_sha256": info["sha256"],
                          "checkpoint_seed": int(info["seed"]), "train_regime": info["train_regime"],
-                         "best_epoch": int(info["best_epoch"]), "nt_type": settings["nt_type"],
-                         "nt_samples": int(settings["nt_samples"]), "stdev": float(settings["stdev"]),
-                         "n_steps": int(settings["n_steps"]), "baseline": settings["baseline"],
-                         "noise_seed": int(settings["noise_seed"]), "ig_delta": delta,
+                         "best_epoch": int(info["best_epoch"]), "nt_type": s.nt_type,
+                         "nt_samples": s.nt_samples, "stdev": s.stdev, "n_steps": s.n_steps,
+                         "baseline": s.baseline, "noise_seed": s.noise_seed, "ig_delta": delta,
                          "attribution_l1": float(np.abs(a).sum())})
             log(f"{protocol} {r['image_id']} (class {r['class']}): predicted {classes[target]} ({proba[target]:.2f}), "
                 f"IG completeness error {delta:.3g}")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retinabench.settings import SALIENCY_SIGNS as SIGNS  # noqa: F401
+from retinabench.settings.layers import SALIENCY_SIGNS as SIGNS
+from retinabench.settings.layers import SaliencySettings
 
 
 
@@ -73,8 +74,8 @@ def heatmap(map01: np.ndarray, cmap: str = "inferno") -> np.ndarray:
     return (rgba[..., :3] * 255.0 + 0.5).astype(np.uint8)
 
 
-def postprocess(attribution: np.ndarray, settings: dict) -> tuple[np.ndarray, np.ndarray]:
+def postprocess(attribution: np.ndarray, settings: SaliencySettings) -> tuple[np.ndarray, np.ndarray]:
     """(scaled grayscale map, CLAHE map) of one attribution under the ``saliency:`` settings."""
-    gray = scale_unit(to_grayscale(attribution, settings["sign"]), settings["clip_percentile"])
-    c = settings["clahe"]
-    return gray, clahe(gray, clip_limit=c["clip_limit"], kernel_size=c["kernel_size"], nbins=c["nbins"])
+    gray = scale_unit(to_grayscale(attribution, settings.sign), settings.clip_percentile)
+    c = settings.clahe
+    return gray, clahe(gray, clip_limit=c.clip_limit, kernel_size=c.kernel_size, nbins=c.nbins)

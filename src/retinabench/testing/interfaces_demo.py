@@ -49,7 +49,8 @@ def run_demo(out: str | Path, *, n_patients: int = 40, repo: str | Path | None =
     from retinabench.protocols.zeroshot import ece_difference
     from retinabench.registry import Registries
     from retinabench.schemas import write_table
-    from retinabench.reliability import evaluate_predictions, reliability_settings
+    from retinabench.reliability import evaluate_predictions
+    from retinabench.settings.reliability import ReliabilitySettings
     from retinabench.testing import tiny_models as tm
     repo = Path(repo) if repo else Path(__file__).resolve().parents[3]
     out = Path(out)
@@ -81,7 +82,7 @@ def run_demo(out: str | Path, *, n_patients: int = 40, repo: str | Path | None =
     for interface in ("zeroshot", "mllm"):
         part = pd.concat([f for f in frames if f["protocol"].str.split("@").str[0].isin(
             INTERFACES[interface].protocols).all()], ignore_index=True)
-        tables = evaluate_predictions(part, manifest, excl, {TASK_NAME: split}, tasks, reliability_settings({}),
+        tables = evaluate_predictions(part, manifest, excl, {TASK_NAME: split}, tasks, ReliabilitySettings(),
                                       source=interface)
         for k in rel:
             rel[k].append(tables[k])

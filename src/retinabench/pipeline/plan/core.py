@@ -9,7 +9,7 @@ import sys
 from retinabench.registry.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.pipeline.plan.code import rule_code_hash
 from retinabench.pipeline.run_lock import RunLock
-from retinabench.settings import PHANTOM_DEFAULTS, images_settings
+from retinabench.settings import Config, PhantomSettings, load
 from retinabench.workflow_plan import GENERATED_FOLDER, dataset_tasks, plan
 
 
@@ -41,8 +41,10 @@ def intended_executor(argv: list[str] | None = None, environ: dict | None = None
 
 
 class CorePlan:
-    def __init__(self, config: dict):
-        self.config = config
+    def __init__(self, config: dict | Config):
+        """``config``: a config dict (validated here: every problem in one ConfigError) or a loaded Config."""
+        self.settings = load(config)     # the typed configuration (retinabench.settings)
+        self.config = config = self.settings.plain()  # the same as plain data: what rules and params read
         self.selection = plan(config)
         self.reg = self.selection.registries
         self.R = self.selection.results
@@ -115,23 +117,26 @@ class CorePlan:
 
     # -- settings ------------------------------------------------------------------------------------------
     def phantom_settings(self, wc) -> dict:
-        """The config's phantom settings, overridden per dataset by its registry `options`."""
-        return {**PHANTOM_DEFAULTS, **self.config.get("phantom", {}),
-                **self.reg.dataset(self.generated_roots[wc.generated_root]).get("options", {})}
+        """The config's phantom settings, overridden per dataset by its registry `options` (checked by the same
+        model)."""
+        name = self.generated_roots[wc.generated_root]
+        options = self.reg.dataset(name).get("options") or {}
+        return PhantomSettings.of({**self.config["phantom"], **options}, f"dataset {name}: options").plain()
 
     @property
     def images_settings(self) -> dict:
-        """The config's `images:` section over its defaults (the manifest job's minimum image size)."""
-        return images_settings(self.config)
+        """The config's `images:` section (the manifest job's minimum image size)."""
+        return self.settings.images.plain()
 
     def dataset_tasks(self, dataset: str) -> list[dict]:
         return dataset_tasks(self.reg, dataset)
 
     def protocol_settings(self, names) -> dict:
-        """{section: settings} of the `features` protocols ``names`` (retinabench.protocols.registry)."""
+        """{section: settings} of the `features` protocols ``names`` (retinabench.protocols.registry), as plain
+        data (job params)."""
         from retinabench.protocols.registry import PROTOCOLS
         PROTOCOLS.check(names, "features", "protocols")
-        return {PROTOCOLS.get(n).section: PROTOCOLS.get(n).settings(self.config) for n in names}
+        return {PROTOCOLS.get(n).section: PROTOCOLS.get(n).settings(self.settings).plain() for n in names}
 
     def frozen_settings(self) -> dict:
         c = self.config

@@ -6,10 +6,10 @@ import math
 
 from retinabench.pipeline.plan.core import CorePlan, alternatives
 from retinabench.regimes import train_sides
-from retinabench.settings import FINETUNE_PROTOCOLS, SWEEP_STAGES, encoder_grid, finetune_settings, sweep_settings, sweep_tasks
+from retinabench.settings import FINETUNE_PROTOCOLS, SWEEP_STAGES, FinetuneSettings
 
 # What a job's result depends on (its params: editing anything else, e.g. the task list, reruns nothing).
-NOT_RESULT = ("enabled", "protocols", "encoders", "tasks", "seeds", "regimes", "threads")
+NOT_RESULT = FinetuneSettings.NOT_RESULT
 LRS = ("lr_encoder", "lr_classifier")
 # Minutes for one run of the paper's schedule (100 x 25 steps of 64 images + validation) by encoder size class,
 # on one GPU; scaled by the number of runs and steps of a job.
@@ -26,29 +26,29 @@ class FinetunePlan:
     stages = SWEEP_STAGES
 
     def __init__(self, core: CorePlan):
-        self.core, config = core, core.config
-        ft = self.settings = finetune_settings(config)
-        sw = self.sweep = sweep_settings(config)
-        self.on = bool(ft["enabled"])
-        self.protocols = list(ft["protocols"])
-        self.encoders = list(ft["encoders"] or core.encoders)
-        self.tasks = list(ft["tasks"] or core.tasks)
-        self.seeds = list(ft["seeds"] if ft["seeds"] is not None else config["seeds"])
-        self.regimes = list(ft["regimes"] or config["regimes"])
+        self.core, config = core, core.settings
+        ft = self.settings = config.finetune
+        sw = self.sweep = config.sweep
+        self.on = ft.enabled
+        self.protocols = list(ft.protocols)
+        self.encoders = list(ft.encoders or core.encoders)
+        self.tasks = list(ft.tasks or core.tasks)
+        self.seeds = list(ft.seeds if ft.seeds is not None else config.seeds)
+        self.regimes = list(ft.regimes or config.regimes)
         for e in self.encoders:
             core.reg.encoder(e)
         if set(self.tasks) - set(core.tasks):
             raise ValueError(f"finetune.tasks {sorted(set(self.tasks) - set(core.tasks))} are not tasks of this "
                              f"config (its datasets' tasks: {core.tasks})")
-        self.sweep_on = self.on and bool(sw["enabled"])
-        self.sweep_task, self.sensitivity_task = sweep_tasks(sw, self.tasks) if self.sweep_on else (None, None)
+        self.sweep_on = self.on and sw.enabled
+        self.sweep_task, self.sensitivity_task = sw.tasks(self.tasks) if self.sweep_on else (None, None)
         self.sweep_tasks = [t for t in (self.sweep_task, self.sensitivity_task) if t]
         if set(self.sweep_tasks) - set(core.tasks):
             raise ValueError(f"sweep tasks {sorted(set(self.sweep_tasks) - set(core.tasks))} are not tasks of this "
                              f"config (its datasets' tasks: {core.tasks})")
-        self.job_settings = {k: v for k, v in ft.items() if k not in NOT_RESULT + (LRS if self.sweep_on else ())}
-        self.sweep_job_settings = {k: v for k, v in ft.items() if k not in NOT_RESULT + LRS}
-        self.threads = ft["threads"]
+        self.job_settings = ft.plain(exclude=set(NOT_RESULT + (LRS if self.sweep_on else ())))
+        self.sweep_job_settings = ft.plain(exclude=set(NOT_RESULT + LRS))
+        self.threads = ft.threads
 
     # -- paths ---------------------------------------------------------------------------------------------
     def path(self, kind, protocol, encoder, task, seed, ext="parquet") -> str:
@@ -108,18 +108,19 @@ class FinetunePlan:
 
     def runtime(self, wc) -> int:
         ft = self.settings
-        return self.runtime_minutes(wc.encoder, train_regimes(self.regimes), ft["epochs"], ft["steps_per_epoch"])
+        return self.runtime_minutes(wc.encoder, train_regimes(self.regimes), ft.epochs, ft.steps_per_epoch)
 
     def sweep_params(self, stage):
+        """A sweep stage's params: the encoder's grid and the sweep settings its runs read (plain data)."""
         lr_name, sw = self.stages[stage][1], self.sweep
-        return lambda wc: {"grid": encoder_grid(sw, wc.encoder)[lr_name], "seeds": sw["seeds"],
-                           "regimes": sw["regimes"], "epochs": sw["epochs"], "steps_per_epoch": sw["steps_per_epoch"]}
+        run = sw.plain(include={"seeds", "regimes", "epochs", "steps_per_epoch"})
+        return lambda wc: {"grid": sw.grid(wc.encoder)[lr_name], **run}
 
     def sweep_runtime(self, stage):
         sw, ft = self.sweep, self.settings
 
         def runtime(wc):
-            g = encoder_grid(sw, wc.encoder)[self.stages[stage][1]]
-            return self.runtime_minutes(wc.encoder, len(g) * len(sw["seeds"]) * train_regimes(sw["regimes"]),
-                                        sw["epochs"] or ft["epochs"], sw["steps_per_epoch"] or ft["steps_per_epoch"])
+            g = sw.grid(wc.encoder)[self.stages[stage][1]]
+            return self.runtime_minutes(wc.encoder, len(g) * len(sw.seeds) * train_regimes(sw.regimes),
+                                        sw.epochs or ft.epochs, sw.steps_per_epoch or ft.steps_per_epoch)
         return runtime

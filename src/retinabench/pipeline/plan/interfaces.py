@@ -13,9 +13,9 @@ class InterfacesPlan:
         from retinabench.protocols.interfaces import INTERFACES, plan_jobs
         from retinabench.protocols.registry import PROTOCOLS
         self.core = core
-        self.prompts_path = core.config["registries"].get("prompts", "config/prompts.yaml")
-        self.settings = {i: PROTOCOLS.get(i).settings(core.config) for i in INTERFACES}
-        self.enabled = [i for i in INTERFACES if self.settings[i]["enabled"]]
+        self.prompts_path = core.settings.registries.prompts
+        self.settings = {i: PROTOCOLS.get(i).settings(core.settings) for i in INTERFACES}
+        self.enabled = [i for i in INTERFACES if self.settings[i].enabled]
         self.jobs, self.skipped = {}, []
         if not self.enabled:
             return
@@ -25,8 +25,8 @@ class InterfacesPlan:
         encoders = {n: core.reg.encoder(n) for n in core.reg.encoders}
         for i in self.enabled:
             s = self.settings[i]
-            jobs, skipped = plan_jobs(i, encoders, tasks, prompts, names=s["encoders"], task_sets=s["task_sets"],
-                                      prompt_sets=s["prompt_sets"])
+            jobs, skipped = plan_jobs(i, encoders, tasks, prompts, names=s.encoders, task_sets=s.task_sets,
+                                      prompt_sets=s.prompt_sets)
             self.jobs.update({(j.interface, j.encoder, j.task_set): j for j in jobs})
             self.skipped += skipped.to_dict("records")
 
@@ -88,7 +88,7 @@ class InterfacesPlan:
     def job_params(self, interface: str, wc) -> dict:
         j = self.job(interface, wc)
         return {"entry": self.core.reg.encoder(wc.encoder), "tasks": [self.core.reg.task(t) for t in j.tasks],
-                "datasets": list(j.datasets), "settings": self.settings[interface]}
+                "datasets": list(j.datasets), "settings": self.settings[interface].plain()}
 
     def resource(self, interface: str, key: str):
         return lambda wc: self.job(interface, wc).resources[key]

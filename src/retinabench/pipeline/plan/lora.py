@@ -8,7 +8,6 @@ import fnmatch
 from dataclasses import dataclass
 
 from retinabench.pipeline.plan.core import CorePlan, alternatives
-from retinabench.settings import lora_settings
 from retinabench.skipped import LORA
 
 DELTA_TABLES = ("comparisons", "domains", "pairs", "unpaired")
@@ -26,17 +25,16 @@ class LoraPlan:
 
     def __init__(self, core: CorePlan, interfaces):
         self.core, self.interfaces = core, interfaces
-        self.settings = lora_settings(core.config)
-        self.enabled = bool(self.settings["enabled"])
+        self.settings = core.settings.lora
+        self.train = self.settings.train
+        self.enabled = self.settings.enabled
         self.jobs: dict[tuple[str, str], AdapterJob] = {}
         self.constraint_encoders = self.constraint_tasks = alternatives([])
         if not self.enabled:
             return
         from retinabench.protocols.interfaces import selected_entries
-        from retinabench.protocols.lora import LoraSettings
-        self.train = LoraSettings.from_config(self.settings["train"])  # unknown keys fail here, at start-up
         encoders = {n: core.reg.encoder(n) for n in core.reg.encoders}
-        names = self.settings["encoders"] or interfaces.settings["mllm"]["encoders"]
+        names = self.settings.encoders or interfaces.settings["mllm"].encoders
         chosen = selected_entries(encoders, "mllm", names)
         sources = self._sources()
         for enc in chosen:
@@ -48,7 +46,7 @@ class LoraPlan:
     # -- selection ------------------------------------------------------------------------------------------
     def _sources(self) -> list[str]:
         out = []
-        for pattern in self.settings["sources"]:
+        for pattern in self.settings.sources:
             hits = [t for t in self.core.tasks if fnmatch.fnmatchcase(t, pattern)]
             if not hits:
                 raise KeyError(f"lora.sources: {pattern!r} matches no task of the grid {list(self.core.tasks)}")
@@ -68,7 +66,7 @@ class LoraPlan:
         return h is not None and h == self.core.reg.task(task).get("harmonised")
 
     def _test_tasks(self, source: str) -> tuple[str, ...]:
-        wanted = self.settings["test_tasks"]
+        wanted = self.settings.test_tasks
         if wanted == "auto":
             others = [t for t in self.core.tasks if t != source and self._compatible(source, t)]
         else:
@@ -99,7 +97,7 @@ class LoraPlan:
             return []
         from retinabench.workflow_plan import unpinned_encoders
         out = unpinned_encoders(self.core.reg, sorted({j.encoder for j in self.jobs.values()}))
-        sets = self.interfaces.settings["mllm"]["prompt_sets"]
+        sets = self.interfaces.settings["mllm"].prompt_sets
         if sets is not None and self.prompt_set() not in sets:
             out.append(f"the adapters are trained and tested with prompt set {self.prompt_set()!r}, which "
                        f"mllm.prompt_sets {list(sets)} leaves out: the base model has no result to pair with")
@@ -161,8 +159,8 @@ class LoraPlan:
         j = self.job(wc)
         s = self.settings
         return {"entry": self.core.reg.encoder(j.encoder), "task": self.core.reg.task(j.source),
-                "train": s["train"], "device": s["device"], "processes": s["processes"], "gpus": s["gpus"],
-                "dtype": self.interfaces.settings["mllm"]["dtype"]}
+                "train": s.train.plain(), "device": s.device, "processes": s.processes, "gpus": s.gpus,
+                "dtype": self.interfaces.settings["mllm"].dtype}
 
     def infer_inputs(self, wc) -> dict:
         core, j = self.core, self.job(wc)
@@ -182,8 +180,8 @@ class LoraPlan:
     def infer_params(self, wc) -> dict:
         j = self.job(wc)
         return {"entry": self.core.reg.encoder(j.encoder), "tasks": [self.core.reg.task(t) for t in j.test_tasks],
-                "datasets": self.datasets(j), "settings": self.interfaces.settings["mllm"],
-                "device": self.settings["device"], "source": j.source}
+                "datasets": self.datasets(j), "settings": self.interfaces.settings["mllm"].plain(),
+                "device": self.settings.device, "source": j.source}
 
     def delta_inputs(self) -> dict:
         base = sorted({self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks} - {None})
@@ -193,7 +191,7 @@ class LoraPlan:
 
     def delta_params(self) -> dict:
         tasks = sorted({t for j in self.jobs.values() for t in j.test_tasks})
-        return {"tasks": {t: self.core.reg.task(t) for t in tasks}, "deltas": self.settings["deltas"]}
+        return {"tasks": {t: self.core.reg.task(t) for t in tasks}, "deltas": self.settings.deltas.plain()}
 
     # -- resources ---------------------------------------------------------------------------------------------
     def _size(self, encoder: str) -> dict:
@@ -204,12 +202,12 @@ class LoraPlan:
         def value(wc):
             c = self._size(wc.encoder)
             if key == "gpu":
-                return int(self.settings["gpus"])
+                return self.settings.gpus
             if key == "mem_mb":
                 # each process holds a bf16 copy of the base model in host memory while loading it (x 1.5 for the
                 # loader's buffers); at least the size class's host memory
                 params_m = float(self.core.reg.encoder(wc.encoder).get("params_m") or 0.0)
-                return max(int(c["mem_mb"]), int(int(self.settings["gpus"]) * params_m * 2 * 1.5))
+                return max(int(c["mem_mb"]), int(self.settings.gpus * params_m * 2 * 1.5))
             return int(c["runtime"]) * 4  # one epoch over a training split: a few feature passes' worth
         return value
 

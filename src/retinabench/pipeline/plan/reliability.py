@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from retinabench.pipeline.plan.core import CorePlan, alternatives
 from retinabench.reliability.evaluation import KINDS
-from retinabench.settings import reliability_settings
 
 # figure -> (settings section it reads, the collected tables it draws). Each figure is a folder of panel groups
 # (one file per dataset / attribute / harmonised task, figures/reliability.py) plus skipped.csv (groups left out
@@ -25,14 +24,17 @@ class ReliabilityPlan:
         besides transfer (retinabench.pipeline.plan.WorkflowPlan.prediction_files)."""
         from retinabench.data.derived import transfer_groups
         self.core, self._upstream = core, prediction_files
-        self.settings = reliability_settings(core.config)
+        self.settings = core.settings.reliability
         self.root = f"{core.R}/reliability"
         self.plan_tasks = {t: core.reg.task(t) for t in core.tasks}
         self.transfer_groups = transfer_groups(self.plan_tasks)
         self.group_constraint = alternatives(self.transfer_groups)
         # Settings each per-job table depends on (figure, paired and transfer settings only rerun their own jobs).
-        self.job_settings = {k: v for k, v in self.settings.items()
-                             if k not in ("figures", "paired", "transfer", "harmonised")}
+        self.job_settings = self.settings.plain(exclude={"figures", "paired", "transfer", "harmonised"})
+
+    def parts(self, *keys: str) -> dict:
+        """These keys of the ``reliability:`` settings as plain data (a job's params)."""
+        return self.settings.plain(include=set(keys))
 
     def transfer_prediction_files(self) -> dict[str, str]:
         return {f"transfer/{e}/{g}": f"{self.core.R}/predictions/transfer/{e}/{g}.parquet"
@@ -73,7 +75,7 @@ class ReliabilityPlan:
         out: dict[str, list[str]] = {}
         for key, path in self.prediction_files().items():
             source = key.split("/")[0]
-            if source in self.settings["paired"]["sources"]:
+            if source in self.settings.paired.sources:
                 out.setdefault(source, []).append(path)
         return out
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from retinabench.pipeline.plan.core import CorePlan, alternatives
 from retinabench.pipeline.plan.finetune import FinetunePlan
 from retinabench.regimes import trained_on
-from retinabench.settings import COMPUTE_NOT_RESULT, SALIENCY_NOT_RESULT, compute_settings, saliency_settings
 from retinabench.workflow_plan import device_problems, unpinned_encoders
 
 # Minutes per attributed image on one GPU (nt_samples x n_steps = 2500 forward+backward passes) by size class.
@@ -16,14 +15,14 @@ COMPUTE_RUNTIME = {"tiny": 15, "small": 20, "base": 30, "large": 45, "huge": 90,
 class SaliencyPlan:
     def __init__(self, core: CorePlan, ft: FinetunePlan):
         self.core, self.ft = core, ft
-        s = self.settings = saliency_settings(core.config)
-        self.on = bool(s["enabled"])
-        self.encoders = list(s["encoders"] or ft.encoders)
-        self.tasks = list(s["tasks"] or ft.tasks)
-        self.protocols = list(s["protocols"] or ft.protocols)
-        self.seed = s["checkpoint_seed"] if s["checkpoint_seed"] is not None else ft.seeds[0]
-        self.job_settings = {k: v for k, v in s.items() if k not in SALIENCY_NOT_RESULT}
-        self.threads = s["threads"]
+        s = self.settings = core.settings.saliency
+        self.on = s.enabled
+        self.encoders = list(s.encoders or ft.encoders)
+        self.tasks = list(s.tasks or ft.tasks)
+        self.protocols = list(s.protocols or ft.protocols)
+        self.seed = s.checkpoint_seed if s.checkpoint_seed is not None else ft.seeds[0]
+        self.job_settings = s.job()
+        self.threads = s.threads
         self.constraints = {"protocol": alternatives(self.protocols), "encoder": alternatives(self.encoders),
                             "task": alternatives(self.tasks), "seed": alternatives([self.seed])}
 
@@ -37,14 +36,14 @@ class SaliencyPlan:
                "tasks": sorted(set(self.tasks) - set(ft.tasks)),
                "protocols": sorted(set(self.protocols) - set(ft.protocols)),
                "checkpoint_seed": [] if self.seed in ft.seeds else [self.seed],
-               "train_regime": ([] if trained_on(ft.regimes, s["train_regime"])
-                                else [s["train_regime"]])}
+               "train_regime": ([] if trained_on(ft.regimes, s.train_regime)
+                                else [s.train_regime])}
         bad = {k: v for k, v in bad.items() if v}
         if bad:
             raise ValueError(f"saliency: needs fine-tuned models, but these settings have none: {bad} (fine-tuning "
                              f"runs encoders {ft.encoders}, tasks {ft.tasks}, protocols {ft.protocols}, seeds "
                              f"{ft.seeds}, regimes {ft.regimes})")
-        return device_problems(s["device"], "saliency.device", local=self.core.local), bad
+        return device_problems(s.device, "saliency.device", local=self.core.local), bad
 
     def weights(self, protocol, encoder, task, seed) -> str:
         return f"{self.core.R}/models/{protocol}/{encoder}/{task}/seed{seed}.pt"
@@ -57,8 +56,8 @@ class SaliencyPlan:
     def runtime(self, wc) -> int:
         import math
         s = self.settings
-        n = len(self.core.reg.task(wc.task)["classes"]) * s["images_per_class"] * len(self.protocols)
-        per = SALIENCY_RUNTIME[self.core.reg.encoder(wc.encoder)["size_class"]] * s["nt_samples"] * s["n_steps"] / 2500
+        n = len(self.core.reg.task(wc.task)["classes"]) * s.images_per_class * len(self.protocols)
+        per = SALIENCY_RUNTIME[self.core.reg.encoder(wc.encoder)["size_class"]] * s.nt_samples * s.n_steps / 2500
         return max(10, math.ceil(n * per))
 
     def targets(self) -> list[str]:
@@ -73,13 +72,13 @@ class ComputePlan:
     def __init__(self, core: CorePlan, ft: FinetunePlan):
         from retinabench.figures.compute import FIGURES
         self.core, self.figures = core, FIGURES
-        c = self.settings = compute_settings(core.config)
-        self.on = bool(c["enabled"])
-        self.encoders = list(c["encoders"] or core.encoders)
-        self.task = c["task"] or core.tasks[0]
-        self.job_settings = {k: v for k, v in c.items() if k not in COMPUTE_NOT_RESULT}
-        self.train = {k: ft.settings[k] for k in ("channels_last", "compile", "weight_decay")}  # FT's step settings
-        self.threads = c["threads"]
+        c = self.settings = core.settings.compute
+        self.on = c.enabled
+        self.encoders = list(c.encoders or core.encoders)
+        self.task = c.task or core.tasks[0]
+        self.job_settings = c.job()
+        self.train = ft.settings.plain(include={"channels_last", "compile", "weight_decay"})  # FT's step settings
+        self.threads = c.threads
         self.encoder_constraint = alternatives(self.encoders)
         for e in self.encoders:
             core.reg.encoder(e)
@@ -91,7 +90,7 @@ class ComputePlan:
         if not self.on:
             return []
         return (unpinned_encoders(self.core.reg, sorted(set(self.encoders) - set(self.core.encoders)))
-                + device_problems(self.settings["device"], "compute.device", local=self.core.local))
+                + device_problems(self.settings.device, "compute.device", local=self.core.local))
 
     def runtime(self, wc) -> int:
         return COMPUTE_RUNTIME[self.core.reg.encoder(wc.encoder)["size_class"]]

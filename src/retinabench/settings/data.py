@@ -1,0 +1,105 @@
+"""Sections of the data layers: registries, split, duplicates, images, image cache, features, the phantom, and
+the ranking the analysis reports."""
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from retinabench.settings.base import Auto, Device, OpenFraction, PositiveInt, RankMetric, Regime, Section
+
+
+class RegistriesSettings(Section):
+    """The registry files the run reads (retinabench.registry; docs/datasets.md)."""
+
+    section: ClassVar[str] = "registries"
+    datasets: str = Field("config/datasets.yaml", description="dataset registry (adapter, raw root, index files)")
+    tasks: str = Field("config/tasks.yaml", description="task registry (dataset, label, classes)")
+    encoders: str = Field("config/encoders.yaml",
+                          description="encoder registry; its lock file sits beside it (encoders.lock.yaml)")
+    prompts: str = Field("config/prompts.yaml", description="prompt registry of the zeroshot / mllm protocols")
+
+
+class SplitFractions(Section):
+    """Fractions of patient groups per split; each in (0, 1), together 1."""
+
+    train: OpenFraction = Field(0.70, description="fraction of patient groups in the training split")
+    val: OpenFraction = Field(0.15, description="fraction in the validation split (model selection, thresholds)")
+    test: OpenFraction = Field(0.15, description="fraction in the test split")
+
+    @model_validator(mode="after")
+    def _sum_to_one(self):
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"split fractions must sum to 1, got train {self.train:g}, val {self.val:g}, test "
+                             f"{self.test:g} (sum {total:g})")
+        return self
+
+
+class SplitSettings(Section):
+    """One split assignment per dataset, used by all its tasks (retinabench.data.splits)."""
+
+    section: ClassVar[str] = "split"
+    fractions: SplitFractions = SplitFractions()
+    seed: int = Field(0, description="seed of the group placement")
+    method: Literal["hash", "ranked"] = Field(
+        "hash", description="hash: each patient group placed by its own seeded hash (no other group moves when data "
+                            "change; fractions within 4 sd of binomial); ranked: exact fractions, a change can move "
+                            "the groups next to a cut")
+    group_near_duplicates: bool = Field(
+        True, description="near duplicates join split groups like exact ones (exact ones always do)")
+
+
+class DuplicatesSettings(Section):
+    """Exact (sha256) and near (perceptual hash) duplicates (retinabench.data.duplicates)."""
+
+    section: ClassVar[str] = "duplicates"
+    max_distance: Annotated[int, Field(ge=0, le=64)] = Field(
+        8, description="Hamming distance of near duplicates, in bits of the 256-bit phash (measured on tvhl, see "
+                       "docs/data-integrity.md)")
+
+
+class ImagesSettings(Section):
+    """The manifest job's decode pass (retinabench.data.image_checks)."""
+
+    section: ClassVar[str] = "images"
+    min_side: PositiveInt = Field(
+        32, description="raw images under this many pixels on the short side are excluded, with the reason (a 1x1 "
+                        "placeholder or a thumbnail is no sample)")
+
+
+class ImageCacheSettings(Section):
+    """The uint8 image cache every image-based job reads (retinabench.data.image_cache)."""
+
+    section: ClassVar[str] = "image_cache"
+    size: Annotated[int, Field(ge=32)] = Field(224, description="side of the cached square images, pixels")
+    resize: Literal["squash", "center_crop"] = Field("squash", description="how a raw image becomes square")
+
+
+class FeaturesSettings(Section):
+    """Frozen feature extraction (retinabench.features)."""
+
+    section: ClassVar[str] = "features"
+    batch_size: PositiveInt | Auto = Field(
+        "auto", description="images per forward pass; auto: by the encoder's size class (retinabench.registry.sizes)")
+    device: Device = Field("auto", description="auto: CUDA if present")
+
+
+class PhantomSettings(Section):
+    """The generated phantom dataset (retinabench.data.phantom); a dataset's registry `options` override it."""
+
+    section: ClassVar[str] = "phantom"
+    n_patients: PositiveInt = Field(80, description="patients generated")
+    seed: int = Field(0, description="generator seed")
+    image_size: Annotated[int, Field(ge=64)] = Field(256, description="side of the generated images, pixels")
+    sites: list[dict[str, Any]] | None = Field(
+        None, description="acquisition sites (name, color_cast, blur, vignetting, resolution, ...); null: one "
+                          "site (the registry's phantom_siteb sets a second device)")
+
+
+class RankingSettings(Section):
+    """What the rank analyses rank by."""
+
+    section: ClassVar[str] = "ranking"
+    metric: RankMetric = Field("accuracy", description="primary ranking metric")
+    regime: Regime = Field("u-u", description="regime the ranks are computed in")

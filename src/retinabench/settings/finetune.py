@@ -1,0 +1,154 @@
+"""Sections of fine-tuning (`finetune:`, with its augmentations) and of the two-stage learning-rate sweep
+(`sweep:`): retinabench.protocols.finetune / augment / sweep, workflow/rules/finetune.smk."""
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from retinabench.settings.base import (FINETUNE_PROTOCOLS, Auto, Device, FinetuneProtocols, Fraction, LearningRates,
+                                       Names, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                                       Precision, Regimes, Section, Seeds)
+
+
+class AugmentSettings(Section):
+    """Training augmentations, seeded per sample (retinabench.protocols.augment; the paper's list)."""
+
+    enabled: bool = Field(True, description="false: no augmentation (the images as cached)")
+    scale: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(
+        [0.8, 1.2], description="[min, max] crop area as a fraction of the image area (above 1 zooms out)")
+    rotation: NonNegativeFloat = Field(5.0, description="degrees, uniform in [-rotation, +rotation]")
+    hflip: Fraction = Field(0.5, description="probability of a horizontal flip")
+    vflip: Fraction = Field(0.5, description="probability of a vertical flip")
+    brightness: NonNegativeFloat = Field(0.2, description="factor uniform in [1 - b, 1 + b] (v2.ColorJitter)")
+    contrast: NonNegativeFloat = Field(0.2, description="factor uniform in [1 - c, 1 + c]")
+    saturation: NonNegativeFloat = Field(0.1, description="factor uniform in [1 - s, 1 + s]")
+    hue: Annotated[float, Field(ge=0, le=0.5)] = Field(0.1, description="shift uniform in [-hue, hue]")
+    where: Literal["auto", "loader", "device"] = Field(
+        "auto", description="auto: on the device on CUDA, in the data loader on CPU")
+
+    @model_validator(mode="after")
+    def _ordered_scale(self):
+        if not self.scale[0] <= self.scale[1]:
+            raise ValueError(f"finetune.augment.scale must be [min, max] with min <= max, got {self.scale}")
+        return self
+
+
+class TrainConfig(Section):
+    """What one fine-tuning run reads (retinabench.protocols.finetune.Trainer / fit); the `finetune:` section
+    adds which jobs run."""
+
+    # Fields that cannot change a run's result (by design), left out of the checkpoint fingerprint.
+    NO_EFFECT: ClassVar[tuple[str, ...]] = ("checkpoint_every", "num_workers")
+
+    epochs: PositiveInt = Field(100, description="bookkeeping epochs of steps_per_epoch optimisation steps")
+    steps_per_epoch: PositiveInt = Field(25, description="optimisation steps per bookkeeping epoch")
+    batch_size: PositiveInt = Field(64, description="training images per step")
+    eval_batch_size: PositiveInt = Field(128, description="images per forward pass when predicting")
+    lr_encoder: PositiveFloat = Field(1.0e-5, description="used only with sweep.enabled false (else the sweep's "
+                                                          "choice per encoder)")
+    lr_classifier: PositiveFloat = Field(1.0e-3, description="as lr_encoder")
+    weight_decay: NonNegativeFloat = Field(1.0e-4, description="as the cached linear probe, so linear and linear_aug "
+                                                               "differ only by caching")
+    warmup_frac: Fraction = Field(0.1, description="linear warm-up over this fraction of the steps, then cosine decay")
+    checkpoint_every: PositiveInt = Field(10, description="epochs; a killed job resumes from its last checkpoint")
+    device: Device = Field("auto", description="auto: CUDA if present")
+    precision: Precision = Field("auto", description="auto: bf16 autocast on CUDA, fp32 on CPU")
+    channels_last: Auto | bool = Field("auto", description="auto: on CUDA")
+    compile: bool = Field(False, description="torch.compile the model")
+    num_workers: Auto | NonNegativeInt = Field(
+        "auto", description="data-loader workers; auto: the rule's threads - 1 on CUDA, 0 on CPU (compute owns the "
+                            "cores there)")
+    augment: AugmentSettings = AugmentSettings()
+
+    def result_fields(self) -> dict:
+        """The fields a run's result depends on (its checkpoint fingerprint)."""
+        return self.plain(include=set(TrainConfig.model_fields) - set(self.NO_EFFECT))
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+
+class _FinetunePlanning(Section):
+    enabled: bool = Field(False, description="opt-in (GPU-sized); config/finetune_demo.yaml is a small CPU demo")
+    protocols: FinetuneProtocols = Field(list(FINETUNE_PROTOCOLS), description="finetune: full fine-tuning; "
+                                         "linear_aug: frozen encoder, linear head on augmented images")
+    encoders: Names | None = Field(None, description="null: the config's encoders")
+    tasks: Names | None = Field(None, description="null: the config's tasks")
+    seeds: Seeds | None = Field(None, description="null: the config's seeds")
+    regimes: Regimes | None = Field(None, description="null: the config's regimes")
+
+    @field_validator("protocols", mode="before")
+    @classmethod
+    def _known(cls, value):
+        bad = sorted({str(v) for v in value} - set(FINETUNE_PROTOCOLS)) if isinstance(value, list) else []
+        if bad:
+            hint = " (LoRA SFT of MLLMs is its own stage: config `lora:`)" if any("lora" in b for b in bad) else ""
+            raise ValueError(f"unknown {bad}; expected a subset of {list(FINETUNE_PROTOCOLS)}{hint}")
+        return value
+
+
+class FinetuneSettings(TrainConfig, _FinetunePlanning):
+    """Full fine-tuning and the augmented linear probe, one job per (protocol, encoder, task, seed)
+    (workflow/rules/finetune.smk)."""
+
+    section: ClassVar[str] = "finetune"
+    # What selects jobs rather than shaping one (left out of a job's params: editing it reruns nothing).
+    NOT_RESULT: ClassVar[tuple[str, ...]] = ("enabled", "protocols", "encoders", "tasks", "seeds", "regimes",
+                                             "threads")
+    keep_checkpoints: bool = Field(False, description="keep a job's checkpoints once its outputs are written")
+    threads: PositiveInt = Field(4, description="the fine-tuning rules' threads (capped by --cores)")
+
+
+# stage -> (protocol, the learning rate it sweeps)
+SWEEP_STAGES = {1: ("linear_aug", "lr_classifier"), 2: ("finetune", "lr_encoder")}
+
+
+class SweepGrid(Section):
+    """One encoder's own grids (a missing one: the sweep's)."""
+
+    lr_classifier: LearningRates | None = Field(None, description="null: sweep.lr_classifier")
+    lr_encoder: LearningRates | None = Field(None, description="null: sweep.lr_encoder")
+
+
+class SweepSettings(Section):
+    """The paper's two-stage learning-rate sweep per encoder; the pick: lowest validation loss
+    (retinabench.protocols.sweep)."""
+
+    section: ClassVar[str] = "sweep"
+    enabled: bool = Field(True, description="with finetune.enabled; false: finetune.lr_encoder / lr_classifier")
+    task: str | None = Field(None, description="null: the first fine-tuned task")
+    sensitivity_task: str | None = Field("auto", description="auto: the second fine-tuned task, if any; null: none")
+    lr_classifier: LearningRates = Field([1.0e-4, 1.0e-3, 1.0e-2], description="stage 1 (linear_aug)")
+    lr_encoder: LearningRates = Field([1.0e-7, 1.0e-6, 1.0e-5, 1.0e-4, 1.0e-3],
+                                      description="stage 2 (finetune), stage 1's lr_classifier fixed")
+    seeds: Seeds = Field([0], description="seeds of each learning rate's runs (the pick averages over them)")
+    regimes: Regimes = Field(["u-u"], description="regimes of each run (their training regimes are trained)")
+    epochs: PositiveInt | None = Field(None, description="null: finetune.epochs")
+    steps_per_epoch: PositiveInt | None = Field(None, description="null: finetune.steps_per_epoch")
+    encoders: dict[str, SweepGrid] = Field({}, description="per-encoder grids: {name: {lr_classifier: [...], "
+                                                           "lr_encoder: [...]}}")
+
+    def grid(self, encoder: str) -> dict[str, list[float]]:
+        """The learning-rate grids of ``encoder`` (sorted): the sweep's, overridden by ``encoders.<encoder>``."""
+        own = self.encoders.get(encoder, SweepGrid())
+        return {k: sorted(float(v) for v in (getattr(own, k) or getattr(self, k)))
+                for k in ("lr_classifier", "lr_encoder")}
+
+    def tasks(self, finetune_tasks: list[str]) -> tuple[str, str | None]:
+        """(sweep task, sensitivity task or None) for the fine-tuned tasks ``finetune_tasks``."""
+        task = self.task or (finetune_tasks[0] if finetune_tasks else None)
+        if task is None:
+            raise ValueError("sweep: no task to sweep on (set sweep.task)")
+        sens = self.sensitivity_task
+        if sens == "auto":
+            sens = next((t for t in finetune_tasks if t != task), None)
+        if sens == task:
+            raise ValueError(f"sweep.sensitivity_task must differ from sweep.task ({task!r})")
+        return task, sens
+
+    def train_config(self, finetune: TrainConfig, **overrides) -> TrainConfig:
+        """The fine-tuning settings a sweep run trains with: its own epochs / steps when set, ``overrides``."""
+        own = {k: getattr(self, k) for k in ("epochs", "steps_per_epoch") if getattr(self, k) is not None}
+        return finetune.model_copy(update={**own, **overrides})
