@@ -119,7 +119,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m retinabench.protocols.lora_launch SPEC.json (under torchrun)")
     spec = json.loads(Path(argv[0]).read_text())
     rank = os.environ.get("RANK", "0")
-    train_job(spec, log=lambda msg: print(f"[rank {rank}] {msg}", flush=True))
+    train_job(spec, log=lambda msg: _rank_line(rank, msg))
+
+
+def _rank_line(rank: str, msg: str) -> None:
+    """One write per line: the ranks share one pipe, and print() writes the text and its newline separately when
+    stdout is unbuffered (PYTHONUNBUFFERED), so two ranks' lines could interleave mid-line."""
+    sys.stdout.write(f"[rank {rank}] {msg}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
