@@ -214,25 +214,28 @@ def cmd_lock_encoders(args) -> int:
     reg = _registries(args)
     names = args.names or [n for n, e in reg.encoders.items() if needs_lock(e) and "variant_of" not in e]
     entries = [reg.encoder(n) for n in names]
-    records = read_lock(reg.encoders_lock_path)
+    records: dict = {}  # per lock file: each registry file's lock sits beside it
     failed = []
     for entry in entries:
         if not needs_lock(entry):
             print(f"{entry['name']}: nothing to lock ({'random init' if entry.get('init') == 'random' else 'sha256 in the registry'})")
             continue
         base = lock_name(entry)
+        path = reg.lock_path(base)
+        file_records = records.setdefault(path, read_lock(path))
         try:
-            records[base] = lock_entry(reg.encoder(base))
+            file_records[base] = lock_entry(reg.encoder(base))
         except LockError as err:
             failed.append(base)
             print(f"{base}: NOT LOCKED: {err}", file=sys.stderr)
             continue
-        rec = records[base]
+        rec = file_records[base]
         print(f"{base}: " + (f"{rec['pins']['hub_id']}@{rec['revision']}" if "revision" in rec else rec["pins"]["url"]))
         for fname, sha in sorted(rec["files"].items()):
             print(f"    {fname}  {sha}")
-        write_lock(reg.encoders_lock_path, records)  # after each entry: a long run keeps what it resolved
-    print(f"lock file: {reg.encoders_lock_path}")
+        write_lock(path, file_records)  # after each entry: a long run keeps what it resolved
+    for path in records or [reg.encoders_lock_path]:
+        print(f"lock file: {path}")
     return 1 if failed else 0
 
 

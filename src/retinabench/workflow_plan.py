@@ -184,7 +184,8 @@ def unpinned_encoders(registries: Registries, names: list[str]) -> list[str]:
     lines = unlocked(sorted(set(names)), registries.encoders)
     if not lines:
         return []
-    return [f"encoders without a valid lock record ({registries.encoders_lock_path}):\n      "
+    locks = ", ".join(sorted({str(registries.lock_path(n)) for n in names}))
+    return [f"encoders without a valid lock record ({locks}):\n      "
             + "\n      ".join(lines)]
 
 
