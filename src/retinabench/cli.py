@@ -119,8 +119,9 @@ def cmd_datasets(args) -> int:
 
 
 def _check_datasets(args) -> int:
-    """Which datasets are present, complete and readable under data_root (no pipeline run)."""
-    from retinabench.data.check import check_dataset, format_checks
+    """Which datasets are present, complete, readable and large enough for the config under data_root (no
+    pipeline run)."""
+    from retinabench.data.check import check_dataset, format_checks, sizing
     from retinabench.registry import Registries
     config = _config(args)
     reg = Registries.from_config(config)
@@ -134,7 +135,9 @@ def _check_datasets(args) -> int:
     else:
         names = list(reg.datasets)
     min_side = config["images"]["min_side"]
-    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode, min_side=min_side) for n in names]
+    sizes = sizing(config, list(reg.tasks.values()), config["tasks"])  # the same checks as the workflow's start-up
+    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode, min_side=min_side, sizes=sizes)
+               for n in names]
     print(f"data_root: {data_root}\n")
     print(format_checks(results))
     explicit = bool(args.dataset or args.configfile)
