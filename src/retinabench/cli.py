@@ -1,7 +1,7 @@
 """Command line: ``retinabench provenance FILE``, ``verify [DATASET]``, ``encoders``, ``tasks``,
 ``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``,
 ``report FILE [snakemake arguments]`` (the HTML report, escaped: retinabench.report_build).
-The pipeline itself runs through Snakemake (see README)."""
+The pipeline itself runs through Snakemake (see README.md and docs/)."""
 from __future__ import annotations
 
 import argparse
