@@ -61,3 +61,11 @@ def test_the_config_takes_a_file_or_a_non_empty_list():
     for bad in ([], ["a.yaml", "a.yaml"]):
         with pytest.raises(ConfigError, match="registries.datasets"):
             load({"registries": {"datasets": bad}})
+
+
+def test_an_unknown_name_is_one_message_with_a_did_you_mean():
+    reg = Registries(SHIPPED["datasets"], SHIPPED["tasks"], SHIPPED["encoders"])
+    with pytest.raises(RegistryError, match=r"unknown dataset 'phantm'; did you mean 'phantom'\?"):
+        reg.dataset("phantm")
+    with pytest.raises(RegistryError, match=r"unknown encoder 'zzz' \(known: "):
+        reg.encoder("zzz")

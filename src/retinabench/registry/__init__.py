@@ -148,6 +148,14 @@ def check_cross_references(datasets: dict, tasks: dict, encoders: dict | None = 
                     raise RegistryError(f"encoder {name!r} exposure {ds!r}: did you mean {close[0]!r}?")
 
 
+def unknown_name(kind: str, name: str, known) -> str:
+    """The message for a name no registry file defines: a "did you mean" when one is close, then every name."""
+    import difflib
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}{hint} (known: {sorted(known)})"
+
+
 RESULTS_PLACEHOLDER = "{results}"
 
 
@@ -191,16 +199,16 @@ class Registries:
         try:
             return self.tasks[name]
         except KeyError:
-            raise RegistryError(f"unknown task {name!r}; known: {sorted(self.tasks)}") from None
+            raise RegistryError(unknown_name("task", name, self.tasks)) from None
 
     def encoder(self, name: str) -> dict:
         try:
             return self.encoders[name]
         except KeyError:
-            raise RegistryError(f"unknown encoder {name!r}; known: {sorted(self.encoders)}") from None
+            raise RegistryError(unknown_name("encoder", name, self.encoders)) from None
 
     def dataset(self, name: str) -> dict:
         try:
             return self.datasets[name]
         except KeyError:
-            raise RegistryError(f"unknown dataset {name!r}; known: {sorted(self.datasets)}") from None
+            raise RegistryError(unknown_name("dataset", name, self.datasets)) from None
