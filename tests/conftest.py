@@ -90,3 +90,23 @@ def tiny_mllms(tmp_path_factory):
     return {name: (build(root / name), root / name)
             for name, build in (("tiny_llava", build_tiny_llava), ("tiny_qwen2_vl", build_tiny_qwen2_vl),
                                 ("tiny_llava_next", build_tiny_llava_next), ("tiny_gemma3", build_tiny_gemma3))}
+
+
+# One copy of the workflow for Snakemake dry runs (`-n`): the documented commands (tests/test_docs_commands.py) and
+# the own-data path (tests/test_own_data.py) plan in it, so no .snakemake folder lands in the checkout.
+def run_in_copy(workdir: Path, cmd: list[str], timeout: int = 600):
+    import subprocess
+    import sys
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def dry_run_workdir(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("dry_run") / "repo"
+    work.mkdir()
+    for item in ("Snakefile", "workflow", "config", "profiles", "envs", "slurm"):
+        src = REPO / item
+        if src.exists():
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
+    return work

@@ -1,7 +1,7 @@
 """Command line: ``retinabench provenance FILE``, ``verify [DATASET]``, ``encoders``, ``tasks``,
 ``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``,
 ``report FILE [snakemake arguments]`` (the HTML report, escaped: retinabench.report_build).
-The pipeline itself runs through Snakemake (see README)."""
+The pipeline itself runs through Snakemake (see README.md and docs/)."""
 from __future__ import annotations
 
 import argparse
@@ -15,25 +15,46 @@ import yaml
 DEFAULT_CONFIG = "config/config.yaml"
 
 
-def _load_config(paths: list[str]) -> dict:
-    """Like the Snakefile: config/config.yaml first, then each --configfile overriding its keys; loaded by
+def _load_config(paths: list[str], overrides: list[str] | None = None) -> dict:
+    """As Snakemake builds it: config/config.yaml first, then each --configfile merged over it (nested mappings key
+    by key), then the --config KEY=VALUE overrides (parsed as Snakemake parses them); loaded by
     retinabench.settings (every problem in one message, an unknown key with a "did you mean"), returned as the
     validated plain data the workflow reads."""
+    from snakemake.cli import parse_config
+    from snakemake.utils import update_config
+
     from retinabench.settings import ConfigError, load
     config: dict = {}
     for p in [DEFAULT_CONFIG] + [p for p in (paths or []) if Path(p) != Path(DEFAULT_CONFIG)]:
         if not Path(p).is_file():
             raise SystemExit(f"config file {p} not found (run from the repository root or pass --configfile)")
-        config.update(yaml.safe_load(Path(p).read_text()) or {})
+        update_config(config, yaml.safe_load(Path(p).read_text()) or {})
+    try:
+        update_config(config, parse_config(overrides or []))
+    except ValueError as err:
+        raise SystemExit(f"retinabench: --config {' '.join(overrides or [])}: {err}") from None
     try:
         return load(config).plain()
     except ConfigError as err:
         raise SystemExit(f"retinabench: {err}") from None
 
 
+def _config(args) -> dict:
+    return _load_config(args.configfile, getattr(args, "config", None))
+
+
 def _registries(args):
     from retinabench.registry import Registries
-    return Registries.from_config(_load_config(args.configfile))
+    return Registries.from_config(_config(args))
+
+
+def _config_options(p: argparse.ArgumentParser, overrides: bool = True) -> None:
+    """--configfile and --config as Snakemake takes them: several values after one flag, or the flag repeated."""
+    p.add_argument("--configfile", nargs="+", action="extend", metavar="FILE",
+                   help=f"config file(s) merged in order over {DEFAULT_CONFIG}")
+    if overrides:
+        p.add_argument("--config", nargs="+", action="extend", metavar="KEY=VALUE",
+                       help="config values overriding the files' (as snakemake --config)")
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
@@ -98,10 +119,11 @@ def cmd_datasets(args) -> int:
 
 
 def _check_datasets(args) -> int:
-    """Which datasets are present, complete and readable under data_root (no pipeline run)."""
-    from retinabench.data.check import check_dataset, format_checks
+    """Which datasets are present, complete, readable and large enough for the config under data_root (no
+    pipeline run)."""
+    from retinabench.data.check import check_dataset, format_checks, sizing
     from retinabench.registry import Registries
-    config = _load_config(args.configfile)
+    config = _config(args)
     reg = Registries.from_config(config)
     data_root = Path(args.data_root or config["data_root"])
     if args.dataset:
@@ -113,7 +135,9 @@ def _check_datasets(args) -> int:
     else:
         names = list(reg.datasets)
     min_side = config["images"]["min_side"]
-    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode, min_side=min_side) for n in names]
+    sizes = sizing(config, list(reg.tasks.values()), config["tasks"])  # the same checks as the workflow's start-up
+    results = [check_dataset(n, reg.dataset(n), data_root, decode=args.decode, min_side=min_side, sizes=sizes)
+               for n in names]
     print(f"data_root: {data_root}\n")
     print(format_checks(results))
     explicit = bool(args.dataset or args.configfile)
@@ -179,7 +203,7 @@ def cmd_verify(args) -> int:
     files against its manifest. Prints each CHANGED / MISSING / STALE item; exit 1 if there is any."""
     from retinabench.integrity import results_findings
     from retinabench.workflow_plan import plan
-    p = plan(_load_config(args.configfile))
+    p = plan(_config(args))
     if args.dataset:
         findings, summary = _raw_findings(p, args.dataset, args.threads)
         for f in findings:
@@ -214,25 +238,28 @@ def cmd_lock_encoders(args) -> int:
     reg = _registries(args)
     names = args.names or [n for n, e in reg.encoders.items() if needs_lock(e) and "variant_of" not in e]
     entries = [reg.encoder(n) for n in names]
-    records = read_lock(reg.encoders_lock_path)
+    records: dict = {}  # per lock file: each registry file's lock sits beside it
     failed = []
     for entry in entries:
         if not needs_lock(entry):
             print(f"{entry['name']}: nothing to lock ({'random init' if entry.get('init') == 'random' else 'sha256 in the registry'})")
             continue
         base = lock_name(entry)
+        path = reg.lock_path(base)
+        file_records = records.setdefault(path, read_lock(path))
         try:
-            records[base] = lock_entry(reg.encoder(base))
+            file_records[base] = lock_entry(reg.encoder(base))
         except LockError as err:
             failed.append(base)
             print(f"{base}: NOT LOCKED: {err}", file=sys.stderr)
             continue
-        rec = records[base]
+        rec = file_records[base]
         print(f"{base}: " + (f"{rec['pins']['hub_id']}@{rec['revision']}" if "revision" in rec else rec["pins"]["url"]))
         for fname, sha in sorted(rec["files"].items()):
             print(f"    {fname}  {sha}")
-        write_lock(reg.encoders_lock_path, records)  # after each entry: a long run keeps what it resolved
-    print(f"lock file: {reg.encoders_lock_path}")
+        write_lock(path, file_records)  # after each entry: a long run keeps what it resolved
+    for path in records or [reg.encoders_lock_path]:
+        print(f"lock file: {path}")
     return 1 if failed else 0
 
 
@@ -297,18 +324,18 @@ def main(argv: list[str] | None = None) -> int:
                             ("tasks", cmd_tasks, "list the task registry"),
                             ("datasets", cmd_datasets, "list the dataset registry (--check: which are present)")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--configfile", action="append", help=f"config file(s) (default {DEFAULT_CONFIG})")
+        _config_options(p)
         p.set_defaults(fn=fn)
         if name == "datasets":
             p.add_argument("--check", action="store_true",
                            help="check which datasets are present, complete and readable under data_root")
             p.add_argument("--data-root", help="folder holding the raw dataset folders (default: the config's)")
-            p.add_argument("--dataset", action="append",
-                           help="check only this dataset (repeatable; default: the --configfile's datasets, "
+            p.add_argument("--dataset", nargs="+", action="extend",
+                           help="check only these datasets (default: the --configfile's datasets, "
                                 "else every registry entry)")
             p.add_argument("--decode", type=int, default=2, help="images decoded per dataset (default 2)")
     p = sub.add_parser("targets", help="snakemake targets for one encoder and/or one task")
-    p.add_argument("--configfile", action="append")
+    _config_options(p, overrides=False)
     p.add_argument("--encoder")
     p.add_argument("--task")
     p.set_defaults(fn=cmd_targets)
@@ -316,26 +343,26 @@ def main(argv: list[str] | None = None) -> int:
                                       "aggregate against its inputs and every dataset's raw files against its "
                                       "manifest (or one dataset's raw files); exit 1 on any finding")
     p.add_argument("dataset", nargs="?", help="check only this dataset's raw files against its manifest")
-    p.add_argument("--configfile", action="append")
+    _config_options(p)
     p.add_argument("--threads", type=int, default=4)
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("lock-encoders", help="pin revision + sha256 of every file the encoders load "
                                               "(needs network once); writes <encoders registry>.lock.yaml")
     p.add_argument("names", nargs="*", help="encoders to lock (default: every entry that needs a lock)")
-    p.add_argument("--configfile", action="append")
+    _config_options(p)
     p.set_defaults(fn=cmd_lock_encoders)
     p = sub.add_parser("check-encoder", help="load an encoder through the real load path and report keys, "
                                              "sha256 and embedding dimension (exit 1 on any mismatch)")
     p.add_argument("name")
     p.add_argument("--weights", help="a local file (folder for transformers) in the published layout, used "
                                      "instead of the pinned source")
-    p.add_argument("--configfile", action="append")
+    _config_options(p)
     p.set_defaults(fn=cmd_check_encoder)
     p = sub.add_parser("evaluate", help="metrics table (metrics.parquet format) of a file in the predictions schema")
     p.add_argument("predictions", help="Parquet file in the predictions schema (y_true, y_pred, p_<class>...)")
     p.add_argument("-o", "--output", required=True, help="metrics Parquet file to write")
     p.add_argument("--tasks", help="task registry YAML with the predictions' tasks (default: the config's)")
-    p.add_argument("--configfile", action="append")
+    _config_options(p)
     p.set_defaults(fn=cmd_evaluate)
     p = sub.add_parser("report", help="the Snakemake HTML report with every string escaped for its context "
                                       "(retinabench.report_build)")

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from retinabench.regimes import is_balanced, train_sides
 from retinabench.registry import Registries, RegistryError
 from retinabench.settings.base import DEVICE_PATTERN
 from retinabench.settings.errors import ConfigError as SettingsError
@@ -184,7 +183,8 @@ def unpinned_encoders(registries: Registries, names: list[str]) -> list[str]:
     lines = unlocked(sorted(set(names)), registries.encoders)
     if not lines:
         return []
-    return [f"encoders without a valid lock record ({registries.encoders_lock_path}):\n      "
+    locks = ", ".join(sorted({str(registries.lock_path(n)) for n in names}))
+    return [f"encoders without a valid lock record ({locks}):\n      "
             + "\n      ".join(lines)]
 
 
@@ -197,9 +197,8 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
     """Checks that need a dataset's manifest (class placement, knn.k); datasets without one are noted only.
 
     Uses the same functions as the split jobs on the manifest (and duplicate table) already built."""
-    from retinabench.data.splits import SplitError, assign_splits, task_split
+    from retinabench.data.sizing import sizing_problems
     from retinabench.schemas import read_table
-    split_cfg = config["split"]
     knn_k = config["knn"]["k"] if "knn" in config["protocols"] else None
     problems, notes, unbuilt = [], [], []
     for dataset in plan_.datasets:
@@ -218,28 +217,9 @@ def data_problems(config: dict, plan_: Plan) -> tuple[list[str], list[str]]:
         manifest = read_table(manifest_path, "manifest")
         dup_path = manifest_path.with_name("duplicates.parquet")
         dups = read_table(dup_path, "duplicates") if dup_path.is_file() else None
-        try:
-            assignment, _ = assign_splits(manifest, dataset_tasks(plan_.registries, dataset),
-                                          fractions=split_cfg["fractions"], seed=split_cfg["seed"], duplicates=dups,
-                                          near=split_cfg["group_near_duplicates"], method=split_cfg["method"],
-                                          dataset=dataset)
-        except SplitError as err:
-            problems.append(f"dataset {dataset!r}: {err}")
-            continue
-        for name in plan_.tasks_of(dataset):
-            try:
-                split = task_split(manifest, assignment, plan_.registries.task(name), seed=split_cfg["seed"])
-            except SplitError as err:
-                problems.append(str(err))
-                continue
-            if isinstance(knn_k, int):
-                for regime in train_sides(config["regimes"]):
-                    train = split[split["split"] == "train"]
-                    n = int(train["balanced"].sum() if is_balanced(regime) else len(train))
-                    if knn_k > n:
-                        problems.append(f"knn.k = {knn_k} but task {name!r} has {n} training images in the "
-                                        f"{'balanced' if is_balanced(regime) else 'full'} training set (regimes "
-                                        f"{regime}-*); lower knn.k or set `k: auto`")
+        problems += sizing_problems(manifest, dataset, dataset_tasks(plan_.registries, dataset),
+                                    [plan_.registries.task(t) for t in plan_.tasks_of(dataset)], split=config["split"],
+                                    knn_k=knn_k, regimes=config["regimes"], duplicates=dups)
     if unbuilt:
         notes.append(f"no manifest yet for {', '.join(unbuilt)}: class placement and knn.k are checked by their "
                      f"split and frozen jobs")

@@ -1,4 +1,4 @@
-"""The README's Python-adapter example, run as written: the contract it documents (columns, value conventions,
+"""docs/datasets.md's Python-adapter example, run as written: the contract it documents (columns, value conventions,
 exclusion scopes, entry["options"]) holds for it."""
 import re
 import types
@@ -11,20 +11,20 @@ from PIL import Image
 
 from retinabench.schemas import MANIFEST
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "datasets.md"
 
 
 def readme_block(first_line: str) -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     found = [b for b in blocks if b.startswith(first_line)]
-    assert len(found) == 1, f"README has {len(found)} python blocks starting with {first_line!r}"
+    assert len(found) == 1, f"docs/datasets.md has {len(found)} python blocks starting with {first_line!r}"
     return found[0]
 
 
 @pytest.fixture
 def adapter():
     module = types.ModuleType("mystudy_adapter")
-    exec(compile(readme_block("# src/retinabench/data/adapters/mystudy.py"), "README:mystudy.py", "exec"),
+    exec(compile(readme_block("# src/retinabench/data/adapters/mystudy.py"), "docs/datasets.md:mystudy.py", "exec"),
          module.__dict__)
     return module
 

@@ -85,7 +85,7 @@ def test_entry_architecture_and_published_layout(name, tmp_path):
 
 
 def test_every_study_encoder_is_declared():
-    """The reconstructed lists (README, Encoders): 32 named OcularBench encoders and FOCUS's vision models."""
+    """The reconstructed lists (docs/encoders.md): 32 named OcularBench encoders and FOCUS's vision models."""
     ocular = {n for n, e in ENTRIES.items() if "ocularbench" in (e.get("studies") or []) and "variant_of" not in e}
     focus = {n for n, e in ENTRIES.items() if "focus" in (e.get("studies") or []) and "variant_of" not in e}
     assert len(ocular) == 32, sorted(ocular)

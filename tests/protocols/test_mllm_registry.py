@@ -100,8 +100,8 @@ def test_focus_vlms_serve_zero_shot_or_say_which_code_they_need(paper, name):
     assert files == requested_files(e) and files
     if e["source"] == "transformers" and "zeroshot" in interfaces:
         assert e["hf_full_class"] in ("CLIPModel", "SiglipModel") and any(f.startswith("tokenizer") for f in files)
-    readme = (REPO / "README.md").read_text()
-    # its row in the README's interface table (columns: entry, model, loader, interfaces, notes)
+    readme = (REPO / "docs" / "protocols.md").read_text()
+    # its row in docs/protocols.md's interface table (columns: entry, model, loader, interfaces, notes)
     row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}` |")
                and ("| features |" in line or "| features, zeroshot |" in line))
     assert ("zeroshot |" in row) == (name not in OUTSIDE) and ("needs" in row) == (name in OUTSIDE), row

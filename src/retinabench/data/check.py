@@ -7,7 +7,9 @@ message); the rows pass the checks the manifest job applies before hashing (``va
 images the index names exist (missing ones counted and the first few listed); the exclusions the manifest job
 will record are counted by scope and reason (rows that join to no image, images without a label row, ...); a
 few images, evenly spread, decode (by the decoder the pipeline uses), and those under ``images.min_side`` are
-named (the manifest job will exclude them).
+named (the manifest job will exclude them). Given the config's ``sizing`` (:func:`sizing`), the dataset is then
+checked against what the run asks of it (:mod:`retinabench.data.sizing`): every class of every task in each split,
+and kNN's k against each task's training split; a failure is status ``too_small``.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from retinabench.data.adapters import adapter_info
 from retinabench.data.adapters.common import validate_manifest_rows
 from retinabench.data.reports import exclusion_lines
 
-OK, ABSENT, INCOMPLETE, UNREADABLE, UNESTABLISHED, GENERATED = (
-    "ok", "absent", "incomplete", "unreadable", "unestablished", "generated")
+OK, ABSENT, INCOMPLETE, UNREADABLE, UNESTABLISHED, GENERATED, TOO_SMALL = (
+    "ok", "absent", "incomplete", "unreadable", "unestablished", "generated", "too_small")
 _MISSING_PREFIXES = ("image file not found", "no image key")
 _SHOWN = 5
 _KINDS_SHOWN = 12
@@ -39,12 +41,21 @@ class DatasetCheck:
 
     @property
     def problem(self) -> bool:
-        return self.status in (INCOMPLETE, UNREADABLE)
+        return self.status in (INCOMPLETE, UNREADABLE, TOO_SMALL)
+
+
+def sizing(config: dict, tasks: list[dict], checked: list[str]) -> dict:
+    """What :func:`check_dataset` needs to check a dataset's size against a (loaded) config: the registry's tasks
+    (all of the datasets checked; each dataset uses those of its own), the names of the tasks the config runs
+    (empty: every task), the split settings, kNN's k when kNN runs, and the regimes."""
+    return {"tasks": tasks, "checked": set(checked), "split": config["split"], "regimes": config["regimes"],
+            "knn_k": config["knn"]["k"] if "knn" in config["protocols"] else None}
 
 
 def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2,
-                  min_side: int | None = None) -> DatasetCheck:
-    """``min_side``: the config's images.min_side (None: its default, retinabench.settings)."""
+                  min_side: int | None = None, sizes: dict | None = None) -> DatasetCheck:
+    """``min_side``: the config's images.min_side (None: its default, retinabench.settings); ``sizes``: what the
+    config asks of the dataset (:func:`sizing`; None: its size is not checked)."""
     root = Path(data_root) / entry["root"]
     res = DatasetCheck(name=name, status=OK, root=str(root))
     if entry.get("generated"):
@@ -110,7 +121,22 @@ def check_dataset(name: str, entry: dict, data_root: Path, decode: int = 2,
         if min(width, height) < min_side:
             res.details.append(f"{rel}: too_small ({width}x{height} < {min_side} px short side); the manifest job "
                                f"will exclude it (images.min_side)")
+    if sizes is not None and not res.problem:
+        _check_sizes(res, rows, sizes)
     return res
+
+
+def _check_sizes(res: DatasetCheck, rows, sizes: dict) -> None:
+    from retinabench.data.sizing import sizing_problems
+    own = sorted((t for t in sizes["tasks"] if t["dataset"] == res.name), key=lambda t: t["name"])
+    checked = [t for t in own if not sizes["checked"] or t["name"] in sizes["checked"]]
+    if not checked:
+        return
+    problems = sizing_problems(rows, res.name, own, checked, split=sizes["split"], knn_k=sizes["knn_k"],
+                               regimes=sizes["regimes"])
+    if problems:
+        res.status = TOO_SMALL
+        res.details += ["too small for the run:", *(f"  {p}" for p in problems)]
 
 
 def format_checks(results: list[DatasetCheck]) -> str:

@@ -99,6 +99,26 @@ def load_registry(path: str | os.PathLike, kind: str) -> dict[str, dict[str, Any
     return out
 
 
+def registry_files(paths: str | os.PathLike | list) -> list[Path]:
+    """The files of a registry setting: one path or a list of paths (the config's ``registries.<kind>``)."""
+    return [Path(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
+
+
+def load_registries(paths: str | os.PathLike | list, kind: str) -> tuple[dict[str, dict[str, Any]], dict[str, Path]]:
+    """Load one registry from one file or a list of files, in order: the entries, and the file each came from. A
+    name defined in two files (after encoder variants are expanded) is refused naming both files; a user adds a
+    file beside the shipped ones rather than editing them."""
+    entries: dict[str, dict[str, Any]] = {}
+    origin: dict[str, Path] = {}
+    for path in registry_files(paths):
+        for name, entry in load_registry(path, kind).items():
+            if name in entries:
+                raise RegistryError(f"{kind} registry: {name!r} is defined in both {origin[name]} and {path}; "
+                                    "a name may be defined in one registry file only (rename one)")
+            entries[name], origin[name] = entry, path
+    return entries, origin
+
+
 def expand_encoder_variants(encoders: dict[str, dict], path) -> dict[str, dict]:
     """Each declared variant of an encoder (same weights, another pooling) becomes its own entry
     ``<name>.<variant>`` with ``variant_of: <name>``; it shares the base entry's lock record."""
@@ -128,6 +148,14 @@ def check_cross_references(datasets: dict, tasks: dict, encoders: dict | None = 
                     raise RegistryError(f"encoder {name!r} exposure {ds!r}: did you mean {close[0]!r}?")
 
 
+def unknown_name(kind: str, name: str, known) -> str:
+    """The message for a name no registry file defines: a "did you mean" when one is close, then every name."""
+    import difflib
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}{hint} (known: {sorted(known)})"
+
+
 RESULTS_PLACEHOLDER = "{results}"
 
 
@@ -146,13 +174,21 @@ class Registries:
     ``{results}`` in an encoder's ``weights_path`` stands for."""
 
     def __init__(self, datasets_path, tasks_path, encoders_path, results: str | None = None):
-        self.datasets = load_registry(datasets_path, "datasets")
-        self.tasks = load_registry(tasks_path, "tasks")
-        self.encoders = resolve_results(load_registry(encoders_path, "encoders"), results)
+        self.datasets, self.dataset_files = load_registries(datasets_path, "datasets")
+        self.tasks, self.task_files = load_registries(tasks_path, "tasks")
+        encoders, self.encoder_files = load_registries(encoders_path, "encoders")
+        self.encoders = resolve_results(encoders, results)
         check_cross_references(self.datasets, self.tasks, self.encoders)
-        # Lock records travel with their entries (config/encoders.lock.yaml beside config/encoders.yaml).
-        self.encoders_lock_path = lock_path_for(encoders_path)
-        attach_locks(self.encoders, read_lock(self.encoders_lock_path))
+        # Lock records travel with their entries: each registry file's lock file sits beside it
+        # (config/encoders.lock.yaml beside config/encoders.yaml).
+        for path in registry_files(encoders_path):
+            attach_locks({n: e for n, e in self.encoders.items() if self.encoder_files[n] == path},
+                         read_lock(lock_path_for(path)))
+        self.encoders_lock_path = lock_path_for(registry_files(encoders_path)[0])
+
+    def lock_path(self, encoder: str) -> Path:
+        """The lock file of an encoder entry: the one beside the registry file that defines it."""
+        return lock_path_for(self.encoder_files[self.encoder(encoder)["name"]])
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Registries:
@@ -163,16 +199,16 @@ class Registries:
         try:
             return self.tasks[name]
         except KeyError:
-            raise RegistryError(f"unknown task {name!r}; known: {sorted(self.tasks)}") from None
+            raise RegistryError(unknown_name("task", name, self.tasks)) from None
 
     def encoder(self, name: str) -> dict:
         try:
             return self.encoders[name]
         except KeyError:
-            raise RegistryError(f"unknown encoder {name!r}; known: {sorted(self.encoders)}") from None
+            raise RegistryError(unknown_name("encoder", name, self.encoders)) from None
 
     def dataset(self, name: str) -> dict:
         try:
             return self.datasets[name]
         except KeyError:
-            raise RegistryError(f"unknown dataset {name!r}; known: {sorted(self.datasets)}") from None
+            raise RegistryError(unknown_name("dataset", name, self.datasets)) from None

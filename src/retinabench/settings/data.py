@@ -6,17 +6,25 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from retinabench.settings.base import Auto, Device, OpenFraction, PositiveInt, RankMetric, Regime, Section
+from retinabench.settings.base import Auto, Device, Distinct, OpenFraction, PositiveInt, RankMetric, Regime, Section
+
+
+# One registry file or a list of them: a user's file beside the shipped one (docs/datasets.md); a name defined in two
+# files is refused (retinabench.registry.load_registries).
+RegistryFiles = str | Annotated[list[str], Field(min_length=1, json_schema_extra={"uniqueItems": True}), Distinct]
 
 
 class RegistriesSettings(Section):
-    """The registry files the run reads (retinabench.registry; docs/datasets.md)."""
+    """The registry files the run reads (retinabench.registry; docs/datasets.md). The dataset, task and encoder
+    registries each take one file or a list of files, read in order; a name defined in two files is an error."""
 
     section: ClassVar[str] = "registries"
-    datasets: str = Field("config/datasets.yaml", description="dataset registry (adapter, raw root, index files)")
-    tasks: str = Field("config/tasks.yaml", description="task registry (dataset, label, classes)")
-    encoders: str = Field("config/encoders.yaml",
-                          description="encoder registry; its lock file sits beside it (encoders.lock.yaml)")
+    datasets: RegistryFiles = Field("config/datasets.yaml",
+                                    description="dataset registry file(s) (adapter, raw root, index files)")
+    tasks: RegistryFiles = Field("config/tasks.yaml", description="task registry file(s) (dataset, label, classes)")
+    encoders: RegistryFiles = Field("config/encoders.yaml",
+                                    description="encoder registry file(s); each file's lock file sits beside it "
+                                                "(encoders.yaml -> encoders.lock.yaml)")
     prompts: str = Field("config/prompts.yaml", description="prompt registry of the zeroshot / mllm protocols")
 
 
