@@ -1,5 +1,6 @@
 # make demo: set up .venv and run the default pipeline on the embedded phantom dataset.
 # make test: set up .venv and run the test suite (what CI runs).
+# make test-fast: the developer loop, without the tests marked slow (no workflow runs; a few minutes on 2 cores).
 # make report: the HTML report of the finished default run (results/report.html; `retinabench report` runs
 #   snakemake --report and escapes the report's inline data: docs/report.md), then opened in headless Chromium to check
 #   that every section renders its figures (needs the Debian packages chromium and chromium-driver).
@@ -8,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install bench clean report
+.PHONY: demo test test-fast lint install bench clean report
 
 install: $(STAMP)
 
@@ -29,6 +30,9 @@ report: $(STAMP)
 
 test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -ra
+
+test-fast: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -ra -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench workflow envs

@@ -110,3 +110,16 @@ def dry_run_workdir(tmp_path_factory) -> Path:
         if src.exists():
             (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
     return work
+
+
+# `make test-fast` runs `pytest -m "not slow"`. Every test under these folders runs Snakemake end to end or a bench
+# script's smoke run, so it is slow without a per-test decorator; heavier tests elsewhere carry @pytest.mark.slow.
+SLOW_FOLDERS = ("workflow", "bench")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = REPO / "tests"
+    for item in items:
+        path = Path(str(item.path))
+        if path.is_relative_to(tests) and path.relative_to(tests).parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)

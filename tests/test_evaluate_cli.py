@@ -31,6 +31,7 @@ def predictions(task="phantom_cfp_glaucoma", n=60, seed=0):
     return rows
 
 
+@pytest.mark.slow
 def test_evaluate_writes_the_metrics_table_of_y_pred_as_written(tmp_path):
     preds = predictions()
     src = write_table(preds, tmp_path / "preds.parquet", "predictions")
@@ -52,6 +53,7 @@ def test_evaluate_writes_the_metrics_table_of_y_pred_as_written(tmp_path):
     assert "accuracy" in proc.stdout and "test" in proc.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_with_a_task_registry_of_ones_own(tmp_path):
     preds = predictions(task="my_task")
     src = write_table(preds, tmp_path / "preds.parquet", "predictions")

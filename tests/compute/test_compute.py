@@ -7,6 +7,8 @@ import torch
 from retinabench.compute import COMPUTE_COLUMNS, PeakMemory, benchmark_encoder, count_flops
 from retinabench.settings import ComputeSettings, ConfigError, FinetuneSettings
 
+pytestmark = pytest.mark.slow  # trains real models / starts process groups: left out of make test-fast
+
 
 def entry(name, arch, size=64):
     return {"name": name, "source": "timm", "architecture": arch, "init": "random", "input_size": size,

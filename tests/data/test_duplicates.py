@@ -113,6 +113,7 @@ def test_cross_dataset_pairs_carry_both_splits():
     assert cross_dataset_duplicates({"A": a}).empty
 
 
+@pytest.mark.slow
 @pytest.mark.shared
 def test_tvhl_duplicate_counts(tvhl_root, tvhl_manifest, tmp_path):
     """tvhl: 60 byte-identical groups (121 images, 29 spanning patient ids) plus 10 near-duplicate pairs within

@@ -81,6 +81,7 @@ def test_near_duplicate_clusters_join_groups_unless_disabled():
     assert groups.loc[groups["patient_id"].isin(["p10", "p11"]), "group_id"].nunique() == 2
 
 
+@pytest.mark.slow
 def test_removing_a_patient_moves_no_image_of_another_patient():
     m = with_cross_patient_copies(synthetic_manifest(150), [("p3", "p40")])
     a0, _ = assign_splits(m, [TASK, TASK2], seed=0)
@@ -207,6 +208,7 @@ def test_unknown_label_and_bad_fractions_are_errors():
             make_split(synthetic_manifest(), TASK, fractions=bad)
 
 
+@pytest.mark.slow
 @pytest.mark.shared
 def test_tvhl_no_identical_image_crosses_a_split_and_splits_are_stable(tvhl_manifest, registries):
     """Before: 60 sha256 groups (121 images, 29 spanning patients); 8 / 2 / 2 / 7 of them across splits in

@@ -45,6 +45,7 @@ def run_all(ctx, tables, root: Path) -> dict:
     return outputs
 
 
+@pytest.mark.slow
 def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
     from retinabench.figures.style import recording
     ctx, tables = study
@@ -96,6 +97,7 @@ def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
     assert set(transfer["task"]) == {"task00", "task01"} and set(transfer["split"]) == {"val"}
 
 
+@pytest.mark.slow
 def test_figures_are_deterministic(study, tmp_path):
     ctx, tables = study
     out_a = analysis_outputs(ctx, str(tmp_path / "a"))

@@ -32,6 +32,7 @@ def _prefix_tokens(module) -> int | None:
     return getattr(module, "n_prefix", None)  # transformers wrapper
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_entry_architecture_and_published_layout(name, tmp_path):
     entry = ENTRIES[name]

@@ -252,6 +252,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkilled_job_resumes_to_the_same_predictions(tmp_path):
     arr, index, split = make_data(tmp_path)
     kw = dict(protocol="finetune", seed=0, regimes=["u-u"], cfg=CFG, log=lambda m: None)
@@ -354,6 +355,7 @@ def test_stage_writes_outputs_sidecars_and_records_the_chosen_lr(data, tmp_path)
 
 # -- a real fine-tune -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.shared
 def test_real_finetune_on_tvhl_oct_dme_learns(tvhl_root, tmp_path):
     """EfficientNet-Lite0 (ImageNet weights) fine-tuned for a few dozen steps on a small TVHL OCT subsample."""

@@ -1,6 +1,7 @@
 """The interfaces demo on the phantom (python -m retinabench.testing.interfaces_demo): one tiny model per
 interface, every prompt set, the files and tables it writes agree with its predictions."""
 import pandas as pd
+import pytest
 
 from retinabench.schemas import read_table
 from retinabench.testing.interfaces_demo import run_demo
@@ -8,6 +9,7 @@ from retinabench.testing.interfaces_demo import run_demo
 from tests.conftest import REPO
 
 
+@pytest.mark.slow
 def test_demo_runs_both_interfaces_on_the_phantom(tmp_path):
     lines = []
     res = run_demo(tmp_path, n_patients=30, repo=REPO, log=lines.append, zeroshot_models=("tiny_open_clip",),

@@ -310,6 +310,7 @@ L.train_lora(load_mllm(entry, folder), examples, prompt, out, settings, entry=en
 """
 
 
+@pytest.mark.slow
 def test_sigkilled_training_resumes_to_the_same_adapter(base, trained, tmp_path):
     import os
     import pickle

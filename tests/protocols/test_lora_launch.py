@@ -11,6 +11,8 @@ from retinabench.models.adapters import load_adapter, verify_adapter_files
 from retinabench.protocols.lora import LoraSettings
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # trains real models / starts process groups: left out of make test-fast
+
 TASK = {"name": "phantom_cfp_glaucoma", "dataset": "phantom", "modality": "cfp", "label": "glaucoma",
         "classes": ["no", "yes"], "ordinal": False, "harmonised": "gon"}
 SETTINGS = {"lr": 5e-3, "max_steps": 4, "batch_size": 2, "grad_accum": 2, "save_steps": 2}

@@ -10,6 +10,7 @@ from retinabench.models import build_encoder
 from retinabench.protocols.frozen import run_frozen
 
 
+@pytest.mark.slow
 @pytest.mark.shared
 def test_pretrained_probe_on_tvhl_oct_dme(tvhl_root, tvhl_manifest, registries, tmp_path):
     manifest, _ = tvhl_manifest

@@ -88,6 +88,7 @@ def box_mass(gray: np.ndarray, box) -> tuple[float, float]:
     return float(inside), float(gray.sum() - inside)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", list(BOXES))
 def test_attribution_mass_lies_in_the_region_that_carries_the_label(lesion_model, where):
     model, backgrounds = lesion_model
