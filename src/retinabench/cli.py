@@ -126,7 +126,7 @@ def _check_datasets(args) -> int:
 
 def cmd_targets(args) -> int:
     """Output paths for one encoder and/or task under a config: feed them to snakemake to rerun just those."""
-    from retinabench.workflow_plan import plan
+    from retinabench.plan.selection import plan
     config = _load_config(args.configfile)
     p = plan(config)
     encoders = [args.encoder] if args.encoder else p.encoders
@@ -178,7 +178,7 @@ def cmd_verify(args) -> int:
     against its sidecar, every artifact's inputs against the hashes it was built from, and every dataset's raw
     files against its manifest. Prints each CHANGED / MISSING / STALE item; exit 1 if there is any."""
     from retinabench.integrity import results_findings
-    from retinabench.workflow_plan import plan
+    from retinabench.plan.selection import plan
     p = plan(_load_config(args.configfile))
     if args.dataset:
         findings, summary = _raw_findings(p, args.dataset, args.threads)

@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retinabench.analysis import FAMILIES, AnalysisContext, analysis_outputs, family_inputs
+from retinabench.analysis import FAMILIES, AnalysisContext
+from retinabench.plan.families import analysis_outputs, family_inputs
 from retinabench.settings import AnalysisSettings, ConfigError
-from retinabench.workflow_plan import plan
+from retinabench.plan.selection import plan
 
 REPO = Path(__file__).resolve().parents[2]
 ANALYSIS_DEFAULTS = AnalysisSettings().plain()

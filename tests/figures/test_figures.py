@@ -6,9 +6,10 @@ import pandas as pd
 import pytest
 
 from retinabench.schemas import write_table
-from retinabench.analysis import FAMILIES, AnalysisContext, analysis_outputs, family_inputs
+from retinabench.analysis import FAMILIES, AnalysisContext
+from retinabench.plan.families import analysis_outputs, family_inputs
 from retinabench.analysis.families import run_family
-from retinabench.analysis.plan import FAMILY_RULES
+from retinabench.plan.families import FAMILY_RULES
 from retinabench.pipeline import Job, run_stage
 from retinabench.settings import AnalysisSettings
 from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from retinabench.schemas import read_table, write_table
-from retinabench.analysis import AnalysisContext, analysis_outputs
-from retinabench.workflow_plan import plan
+from retinabench.analysis import AnalysisContext
+from retinabench.plan.families import analysis_outputs
+from retinabench.plan.selection import plan
 from tests.workflow.conftest import run_config
 
 pytestmark = pytest.mark.slow
@@ -84,7 +85,7 @@ OTHER_CAPTIONS = {"baselines": "1. Ranking", "skipped_analyses": "0. Skipped ana
 
 
 def test_every_caption_file_is_used_by_a_rule():
-    from retinabench.analysis.plan import FAMILY_RULES  # the report entries analysis.smk's rules carry
+    from retinabench.plan.families import FAMILY_RULES  # the report entries analysis.smk's rules carry
     used = {entry[0] for _, spec in FAMILY_RULES.values() for entry in spec.values()}
     smk = "".join((REPO / f"workflow/rules/{f}.smk").read_text() for f in ("analysis", "reliability"))
     captions = sorted(p.stem for p in REPORT_DIR.glob("*.rst") if p.stem != "workflow")

@@ -1,6 +1,6 @@
 # Prompt-based protocols (retinabench.protocols.registry kind `prompts`): CLIP-like zero-shot (protocols zeroshot,
 # zeroshot_focus) and MLLM yes/no prompting (mllm, mllm_renorm). One GPU job per (registry entry, task set) per
-# enabled interface (config `zeroshot:` / `mllm:`); the plan is retinabench.pipeline.plan.interfaces.
+# enabled interface (config `zeroshot:` / `mllm:`); the plan is retinabench.plan.interfaces.
 
 IFP = P.interfaces
 

@@ -1,6 +1,6 @@
 # LoRA SFT of MLLMs (config `lora:`): one training job per (MLLM, source task) with `lora.gpus` GPUs (one process
 # per GPU through torchrun), one inference job per adapter on its in- and out-of-domain test tasks (1 GPU), and
-# the adapter - base paired deltas (FOCUS Table 5). Plan: retinabench.pipeline.plan.lora; stages:
+# the adapter - base paired deltas (FOCUS Table 5). Plan: retinabench.plan.lora; stages:
 # retinabench.pipeline.lora. A training job's checkpoints (results/lora/<encoder>/<task>/checkpoints) are not an
 # output: Snakemake leaves them when it cleans a killed job's outputs, and the rerun resumes from them.
 

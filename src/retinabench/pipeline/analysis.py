@@ -1,5 +1,5 @@
 """Stages of workflow/rules/analysis.smk: the tidy metrics table, then one stage per analysis family, registered
-under the family's rule name (retinabench.analysis.plan.FAMILY_RULES; retinabench.analysis does the work)."""
+under the family's rule name (retinabench.plan.families.FAMILY_RULES; retinabench.analysis does the work)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,9 +8,9 @@ import pandas as pd
 
 from retinabench.analysis.context import FAMILIES, AnalysisContext
 from retinabench.analysis.families import FAMILY_FUNCTIONS, read_input, run_family
-from retinabench.analysis.plan import FAMILY_RULES
+from retinabench.plan.families import FAMILY_RULES
 from retinabench.pipeline.job import Job, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 from retinabench.schemas import read_table
 
 

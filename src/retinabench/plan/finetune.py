@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.plan.core import CorePlan, alternatives
 from retinabench.regimes import train_sides
 from retinabench.settings import FINETUNE_PROTOCOLS, SWEEP_STAGES, FinetuneSettings
 

@@ -1,16 +1,17 @@
 """Plan of workflow/rules/interfaces.smk: the `prompts` protocols of the registry (zero-shot, MLLM yes/no), one GPU
-job per (registry entry, task set) per enabled interface (retinabench.protocols.interfaces.plan_jobs), and the
+job per (registry entry, task set) per enabled interface (retinabench.plan.interface_jobs.plan_jobs), and the
 two interface tables (prompt-variant spread, zero-shot ECE difference)."""
 from __future__ import annotations
 
 import sys
 
-from retinabench.pipeline.plan.core import CorePlan
+from retinabench.plan.core import CorePlan
 
 
 class InterfacesPlan:
     def __init__(self, core: CorePlan):
-        from retinabench.protocols.interfaces import INTERFACES, plan_jobs
+        from retinabench.plan.interface_jobs import plan_jobs
+        from retinabench.protocols.interfaces import INTERFACES
         from retinabench.protocols.registry import PROTOCOLS
         self.core = core
         self.prompts_path = core.settings.registries.prompts
@@ -123,7 +124,7 @@ class InterfacesPlan:
     def problems(self) -> list[str]:
         """The interfaces' entries that need a lock record and have none or a stale one (the encoders' rule), and
         tiny-model entries whose weights_path is not the folder rule tiny_model writes."""
-        from retinabench.workflow_plan import unpinned_encoders
+        from retinabench.plan.selection import unpinned_encoders
         out = unpinned_encoders(self.core.reg, self.encoders())
         for name in self.tiny_models():
             want = self.tiny_model_folder().format(name=name)

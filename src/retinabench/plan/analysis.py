@@ -1,11 +1,12 @@
 """Plan of workflow/rules/analysis.smk: the tidy metrics table, then one job per analysis family this config
-can produce (retinabench.analysis.plan decides which, from the config alone)."""
+can produce (retinabench.plan.families decides which, from the config alone)."""
 from __future__ import annotations
 
 from retinabench import skipped as skip_table
-from retinabench.analysis import AnalysisContext, analysis_outputs, family_inputs
-from retinabench.analysis.plan import FAMILY_RULES, baselines_path
-from retinabench.pipeline.plan.core import CorePlan
+from retinabench.analysis import AnalysisContext
+from retinabench.plan.families import analysis_outputs, family_inputs
+from retinabench.plan.families import FAMILY_RULES, baselines_path
+from retinabench.plan.core import CorePlan
 
 
 class AnalysisPlan:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import os
 import sys
 
-from retinabench.pipeline.plan.analysis import AnalysisPlan
-from retinabench.pipeline.plan.core import CorePlan, alternatives, intended_executor
-from retinabench.pipeline.plan.finetune import FinetunePlan
-from retinabench.pipeline.plan.interfaces import InterfacesPlan
-from retinabench.pipeline.plan.lora import LoraPlan
-from retinabench.pipeline.plan.reliability import ReliabilityPlan
-from retinabench.pipeline.plan.saliency import ComputePlan, SaliencyPlan
-from retinabench.workflow_plan import ConfigError, check_config
+from retinabench.plan.analysis import AnalysisPlan
+from retinabench.plan.core import CorePlan, alternatives, intended_executor
+from retinabench.plan.finetune import FinetunePlan
+from retinabench.plan.interfaces import InterfacesPlan
+from retinabench.plan.lora import LoraPlan
+from retinabench.plan.reliability import ReliabilityPlan
+from retinabench.plan.compute import ComputePlan
+from retinabench.plan.saliency import SaliencyPlan
+from retinabench.plan.selection import ConfigError, check_config
 
 
 class WorkflowPlan(CorePlan):
@@ -112,7 +113,7 @@ class WorkflowPlan(CorePlan):
         first (a dataset whose raw data changed is rebuilt, not checked), then fractions, unpinned encoders,
         devices, class placement and knn.k on built manifests; saliency and compute settings. Remote jobs re-read
         the Snakefile and skip this. A lock on the results folder is announced here (a dry run goes on), and
-        `snakemake --unlock` removes it (retinabench.pipeline.run_lock)."""
+        `snakemake --unlock` removes it (retinabench.plan.run_lock)."""
         if not main_process or self.run_lock.at_parse(sys.argv):  # `snakemake --unlock`: nothing else to check
             return
         for dataset in self.raw_states:

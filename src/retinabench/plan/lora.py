@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.plan.core import CorePlan, alternatives
 from retinabench.skipped import LORA
 
 DELTA_TABLES = ("comparisons", "domains", "pairs", "unpaired")
@@ -32,7 +32,7 @@ class LoraPlan:
         self.constraint_encoders = self.constraint_tasks = alternatives([])
         if not self.enabled:
             return
-        from retinabench.protocols.interfaces import selected_entries
+        from retinabench.plan.interface_jobs import selected_entries
         encoders = {n: core.reg.encoder(n) for n in core.reg.encoders}
         names = self.settings.encoders or interfaces.settings["mllm"].encoders
         chosen = selected_entries(encoders, "mllm", names)
@@ -95,7 +95,7 @@ class LoraPlan:
         adapter result with it), the adapter's prompt set left out of the base runs, unpinned entries."""
         if not self.enabled:
             return []
-        from retinabench.workflow_plan import unpinned_encoders
+        from retinabench.plan.selection import unpinned_encoders
         out = unpinned_encoders(self.core.reg, sorted({j.encoder for j in self.jobs.values()}))
         sets = self.interfaces.settings["mllm"].prompt_sets
         if sets is not None and self.prompt_set() not in sets:

@@ -7,10 +7,10 @@ import re
 import sys
 
 from retinabench.registry.sizes import SIZE_CLASSES, feature_batch_size
-from retinabench.pipeline.plan.code import rule_code_hash
-from retinabench.pipeline.run_lock import RunLock
+from retinabench.plan.code import rule_code_hash
+from retinabench.plan.run_lock import RunLock
 from retinabench.settings import Config, PhantomSettings, load
-from retinabench.workflow_plan import GENERATED_FOLDER, dataset_tasks, plan
+from retinabench.plan.selection import GENERATED_FOLDER, dataset_tasks, plan
 
 
 def alternatives(names) -> str:
@@ -60,7 +60,7 @@ class CorePlan:
     @property
     def phantom_metadata(self) -> str:
         """The generated phantom's metadata file, wildcard ``generated_root``: under the results folder
-        (``<results>/raw/<root>``, :meth:`~retinabench.workflow_plan.Plan.dataset_root`), never under data_root."""
+        (``<results>/raw/<root>``, :meth:`~retinabench.plan.selection.Plan.dataset_root`), never under data_root."""
         return os.path.join(self.R, GENERATED_FOLDER, "{generated_root}", "metadata.csv")
 
     # -- code, resources -----------------------------------------------------------------------------------

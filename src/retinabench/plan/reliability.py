@@ -2,7 +2,7 @@
 evaluation job per predictions table of any protocol, collection, paired comparisons and four figures."""
 from __future__ import annotations
 
-from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.plan.core import CorePlan, alternatives
 from retinabench.reliability.evaluation import KINDS
 
 # figure -> (settings section it reads, the collected tables it draws). Each figure is a folder of panel groups
@@ -21,7 +21,7 @@ class ReliabilityPlan:
 
     def __init__(self, core: CorePlan, prediction_files):
         """``prediction_files()``: {"<source>/<encoder>/<task or group>": path} of every protocol the config runs
-        besides transfer (retinabench.pipeline.plan.WorkflowPlan.prediction_files)."""
+        besides transfer (retinabench.plan.WorkflowPlan.prediction_files)."""
         from retinabench.data.derived import transfer_groups
         self.core, self._upstream = core, prediction_files
         self.settings = core.settings.reliability

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from retinabench.analysis.plan import FAMILY_RULES
+from retinabench.plan.families import FAMILY_RULES
 from retinabench.pipeline import STAGES
-from retinabench.pipeline.registry import StageRegistry
+from retinabench.pipeline.stages import StageRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,42 @@
+"""Plan of workflow/rules/compute.smk: the per-encoder compute benchmark (off unless enabled)."""
+from __future__ import annotations
+
+from retinabench.plan.core import CorePlan, alternatives
+from retinabench.plan.finetune import FinetunePlan
+from retinabench.plan.selection import device_problems, unpinned_encoders
+
+COMPUTE_RUNTIME = {"tiny": 15, "small": 20, "base": 30, "large": 45, "huge": 90, "giant": 120}  # min, one GPU
+
+
+class ComputePlan:
+    def __init__(self, core: CorePlan, ft: FinetunePlan):
+        from retinabench.figures.compute import FIGURES
+        self.core, self.figures = core, FIGURES
+        c = self.settings = core.settings.compute
+        self.on = c.enabled
+        self.encoders = list(c.encoders or core.encoders)
+        self.task = c.task or core.tasks[0]
+        self.job_settings = c.job()
+        self.train = ft.settings.plain(include={"channels_last", "compile", "weight_decay"})  # FT's step settings
+        self.threads = c.threads
+        self.encoder_constraint = alternatives(self.encoders)
+        for e in self.encoders:
+            core.reg.encoder(e)
+        if self.on and self.task not in core.tasks:
+            raise ValueError(f"compute.task {self.task!r} is not a task of this config (its tasks: {core.tasks})")
+
+    def problems(self) -> list[str]:
+        """Unpinned encoders beyond the config's own, and device problems (the config's are checked elsewhere)."""
+        if not self.on:
+            return []
+        return (unpinned_encoders(self.core.reg, sorted(set(self.encoders) - set(self.core.encoders)))
+                + device_problems(self.settings.device, "compute.device", local=self.core.local))
+
+    def runtime(self, wc) -> int:
+        return COMPUTE_RUNTIME[self.core.reg.encoder(wc.encoder)["size_class"]]
+
+    def targets(self) -> list[str]:
+        if not self.on:
+            return []
+        R = self.core.R
+        return [f"{R}/compute/benchmark.parquet"] + [f"{R}/figures/compute/{f}.png" for f in self.figures]
