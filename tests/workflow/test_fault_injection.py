@@ -357,11 +357,11 @@ def test_fault3_phantom_raw_data_and_tiny_models_follow_the_results_folder(tmp_p
     for dataset in ("phantom", "phantom_siteb"):
         assert p.selection.dataset_root(dataset) == f"{results}/raw/{p.reg.dataset(dataset)['root']}"
         assert all(f.startswith(f"{results}/raw/") for f in p.index_files(dataset))
-    assert set(p.interfaces.tiny_models()) == {"tiny_siglip", "tiny_qwen2_vl"}
-    for name in p.interfaces.tiny_models():
-        assert p.reg.encoder(name)["weights_path"] == p.interfaces.tiny_model_folder().format(name=name) == \
+    assert set(p.tiny_models()) == {"tiny_siglip", "tiny_qwen2_vl"}
+    for name in p.tiny_models():
+        assert p.reg.encoder(name)["weights_path"] == p.tiny_model_folder().format(name=name) == \
             f"{results}/tiny_models/{name}"
-    assert p.interfaces.problems() == [] and p.lora.problems() == []
+    assert p.interfaces.problems() == [] and p.lora.problems() == [] and p.tiny_model_problems() == []
     assert p.run_lock.path == Path(results) / ".retinabench.lock"
     folders = {n: c.get("results", configs["config"]["results"]) for n, c in configs.items()}
     assert len(set(folders.values())) == len(folders), folders  # no demo rebuilds another's phantom

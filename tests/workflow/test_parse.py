@@ -1,5 +1,6 @@
 """Parsing the Snakefile (every Slurm job re-parses it) needs no torch: the planner and settings are torch-free."""
 import os
+import re
 
 import pytest
 
@@ -22,3 +23,24 @@ def test_snakemake_lint_is_clean(tmp_path, make_workflow_copy, run_snakemake):
     workdir = make_workflow_copy(tmp_path / "repo", {})
     proc = run_snakemake(workdir, "--lint", "--configfile", "config/finetune_demo.yaml", check=False)
     assert proc.returncode == 0 and "good condition" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+def _dag(dot: str) -> tuple[dict[str, str], set[tuple[str, str]]]:
+    """Nodes {id: label} and edges {(upstream, downstream)} of `snakemake --dag` output."""
+    nodes = dict(re.findall(r'^\s*(\d+)\[label = "([^"]*)"', dot, re.M))
+    edges = set(re.findall(r"^\s*(\d+) -> (\d+)$", dot, re.M))
+    return nodes, edges
+
+
+def test_a_job_reads_only_what_it_declares_tiny_model_weights(tmp_path, make_workflow_copy, run_snakemake):
+    """config/mllm_demo.yaml's default target: the features jobs of tiny_siglip (local weights in the results
+    folder) declare its weights folder, so rule tiny_model runs before them (old: `weight file
+    results/tiny_models/tiny_siglip not found`)."""
+    workdir = make_workflow_copy(tmp_path / "repo", {})
+    proc = run_snakemake(workdir, "-n", "--dag", "--configfile", "config/mllm_demo.yaml", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nodes, edges = _dag(proc.stdout)
+    features = {i for i, label in nodes.items() if label.startswith("features\\n") and "tiny_siglip" in label}
+    builder = [i for i, label in nodes.items() if label == "tiny_model\\nname: tiny_siglip"]
+    assert features and len(builder) == 1, nodes
+    assert all((builder[0], f) in edges for f in features), (builder, features, sorted(edges))

@@ -7,8 +7,7 @@ CMP = P.compute
 
 rule compute_benchmark:
     input:
-        **P.cache_files(P.task_dataset(CMP.task)),
-        split=P.task_split(CMP.task),
+        unpack(CMP.inputs),
     output:
         table=f"{R}/compute/benchmark/{{encoder}}.parquet",
     log:

@@ -4,7 +4,7 @@
 
 rule features:
     input:
-        unpack(lambda wc: P.cache_files(wc.dataset)),
+        unpack(P.feature_inputs),
     output:
         features=f"{R}/features/{{encoder}}/{{dataset}}.parquet",
     log:

@@ -64,7 +64,7 @@ rule finetune_compute:
 
 rule sweep_linear:
     input:
-        unpack(lambda wc: P.images_of_task(wc.task)),
+        unpack(FT.sweep_inputs(1)),
     output:
         metrics=FT.sweep_path("{encoder}", "{task}", 1, "metrics"),
         runs=FT.sweep_path("{encoder}", "{task}", 1, "runs"),
@@ -91,7 +91,7 @@ rule sweep_linear:
 
 rule sweep_finetune:
     input:
-        unpack(lambda wc: {**P.images_of_task(wc.task), "stage1": FT.sweep_path(wc.encoder, wc.task, 1, "runs")}),
+        unpack(FT.sweep_inputs(2)),
     output:
         metrics=FT.sweep_path("{encoder}", "{task}", 2, "metrics"),
         runs=FT.sweep_path("{encoder}", "{task}", 2, "runs"),

@@ -68,16 +68,16 @@ rule interface_tables:
 # folder their sha256 pins describe.
 rule tiny_model:
     output:
-        folder=directory(IFP.tiny_model_folder()),
+        folder=directory(P.tiny_model_folder()),
     log:
         f"{R}/logs/tiny_models/{{name}}.log",
     wildcard_constraints:
-        name=IFP.tiny_model_constraint(),
+        name=P.tiny_model_constraint(),
     conda:
         TORCH_ENV
     threads: 1
     params:
         code=P.code("tiny_model"),
-        build=IFP.tiny_model_params,
+        build=P.tiny_model_params,
     script:
         STAGE

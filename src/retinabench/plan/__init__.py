@@ -37,6 +37,16 @@ class WorkflowPlan(CorePlan):
                            if not self.reg.dataset(d).get("generated")}
         self._refreshed: set[str] = set()
 
+    @property
+    def weight_entries(self) -> list[str]:
+        """Every encoder entry a job loads: the config's encoders, fine-tuning's, the compute benchmark's, the
+        interfaces' and LoRA's (rule tiny_model builds those of a demo registry)."""
+        names = list(self.encoders)
+        names += self.finetune.encoders if self.finetune.on else []
+        names += self.compute.encoders if self.compute.on else []
+        names += self.interfaces.encoders() + [e for e, _ in self.lora.jobs]
+        return list(dict.fromkeys(names))
+
     # -- what downstream layers read -----------------------------------------------------------------------
     def prediction_files(self) -> dict[str, str]:
         """{"<source>/<encoder>/<task>": path} of every protocol's per-(encoder, task) predictions except transfer
@@ -123,7 +133,7 @@ class WorkflowPlan(CorePlan):
         for note in check_config(self.config, self.selection, local=self.local):
             print(f"retinabench: {note}", file=sys.stderr)
         self.interfaces.print_notes()
-        unpinned = self.interfaces.problems()
+        unpinned = self.interfaces.problems() + self.tiny_model_problems()
         if unpinned:
             raise ConfigError([f"zeroshot / mllm: {p}" for p in unpinned])
         lora = self.lora.problems()

@@ -32,6 +32,10 @@ class ComputePlan:
         return (unpinned_encoders(self.core.reg, sorted(set(self.encoders) - set(self.core.encoders)))
                 + device_problems(self.settings.device, "compute.device", local=self.core.local))
 
+    def inputs(self, wc) -> dict[str, str]:
+        """A benchmark job: the task's image cache and split, the encoder's local weights."""
+        return {**self.core.images_of_task(self.task), **self.core.local_weights(wc.encoder)}
+
     def runtime(self, wc) -> int:
         return COMPUTE_RUNTIME[self.core.reg.encoder(wc.encoder)["size_class"]]
 

@@ -98,6 +98,50 @@ class CorePlan:
     def task_split(self, task: str) -> str:
         return f"{self.R}/splits/{self.task_dataset(task)}/{task}.parquet"
 
+    # -- encoder weights a job loads from a local path (a job reads only what it declares) ---------------------
+    @property
+    def weight_entries(self) -> list[str]:
+        """Every encoder entry some job of this plan loads (the workflow plan adds fine-tuning, compute, the
+        interfaces and LoRA to the config's encoders)."""
+        return list(self.encoders)
+
+    def local_weights(self, encoder: str) -> dict[str, str]:
+        """``{"weights": path}`` for an entry loaded from a local ``weights_path`` (the demo's tiny models, built
+        into the results folder by rule tiny_model), else nothing: every job loading the entry declares it, so
+        the rule that builds it runs first and a missing file is Snakemake's error, not the job's."""
+        path = self.reg.encoder(encoder).get("weights_path")
+        return {"weights": path} if path else {}
+
+    def tiny_models(self) -> dict[str, dict]:
+        """{entry: its `tiny_model` build spec} of the planned entries a demo registry builds (rule tiny_model)."""
+        return {n: self.reg.encoder(n)["tiny_model"] for n in self.weight_entries
+                if self.reg.encoder(n).get("tiny_model")}
+
+    def tiny_model_params(self, wc) -> dict:
+        return self.tiny_models()[wc.name]
+
+    def tiny_model_constraint(self) -> str:
+        return alternatives(sorted(self.tiny_models()))
+
+    def tiny_model_problems(self) -> list[str]:
+        """Tiny-model entries whose weights_path is not the folder rule tiny_model writes."""
+        out = []
+        for name in self.tiny_models():
+            want = self.tiny_model_folder().format(name=name)
+            got = self.reg.encoder(name).get("weights_path")
+            if got != want:
+                out.append(f"encoder {name!r}: a tiny_model entry must have weights_path "
+                           f"'{{results}}/tiny_models/{name}' (rule tiny_model builds it in the results folder: "
+                           f"{want!r}), not {got!r}")
+        return out
+
+    def tiny_model_folder(self) -> str:
+        return f"{self.R}/tiny_models/{{name}}"
+
+    def feature_inputs(self, wc) -> dict[str, str]:
+        """A features job: the dataset's image cache and the encoder's local weights."""
+        return {**self.cache_files(wc.dataset), **self.local_weights(wc.encoder)}
+
     def features(self, encoder: str, dataset: str) -> str:
         return f"{self.R}/features/{encoder}/{dataset}.parquet"
 

@@ -62,9 +62,18 @@ class FinetunePlan:
         return f"{self.core.R}/sweep/{encoder}/{task}/stage{stage}_{kind}.parquet"
 
     def inputs(self, wc) -> dict[str, str]:
-        inputs = self.core.images_of_task(wc.task)
+        inputs = {**self.core.images_of_task(wc.task), **self.core.local_weights(wc.encoder)}
         if self.sweep_on:
             inputs["lr"] = f"{self.core.R}/sweep/{wc.encoder}/chosen.json"
+        return inputs
+
+    def sweep_inputs(self, stage: int):
+        """A sweep job of ``stage``: the task's images, the encoder's local weights, stage 2 also stage 1's runs."""
+        def inputs(wc) -> dict[str, str]:
+            out = {**self.core.images_of_task(wc.task), **self.core.local_weights(wc.encoder)}
+            if stage == 2:
+                out["stage1"] = self.sweep_path(wc.encoder, wc.task, 1, "runs")
+            return out
         return inputs
 
     def grid(self):

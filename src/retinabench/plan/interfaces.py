@@ -81,9 +81,7 @@ class InterfacesPlan:
         for d in j.datasets:
             for k, v in core.cache_files(d).items():
                 out[f"{k}_{d}"] = v
-        weights = core.reg.encoder(wc.encoder).get("weights_path")
-        if weights:  # a local folder / file (e.g. the demo's tiny models, built by rule tiny_model)
-            out["weights"] = weights
+        out.update(core.local_weights(wc.encoder))
         return out
 
     def job_params(self, interface: str, wc) -> dict:
@@ -106,34 +104,10 @@ class InterfacesPlan:
         return {"metrics": self.metrics_files(),
                 "zeroshot": [p for k, p in self.prediction_files().items() if k.startswith("zeroshot/")]}
 
-    # -- the demo's tiny models (rule tiny_model) -----------------------------------------------------------
-    def tiny_models(self) -> dict[str, dict]:
-        """{entry: its `tiny_model` build spec} for the planned entries a demo registry builds (no others)."""
-        return {n: self.core.reg.encoder(n)["tiny_model"] for n in self.encoders()
-                if self.core.reg.encoder(n).get("tiny_model")}
-
-    def tiny_model_folder(self) -> str:
-        return f"{self.core.R}/tiny_models/{{name}}"
-
-    def tiny_model_params(self, wc) -> dict:
-        return self.tiny_models()[wc.name]
-
-    def tiny_model_constraint(self) -> str:
-        return "|".join(sorted(self.tiny_models())) or "(?!)"
-
     def problems(self) -> list[str]:
-        """The interfaces' entries that need a lock record and have none or a stale one (the encoders' rule), and
-        tiny-model entries whose weights_path is not the folder rule tiny_model writes."""
+        """The interfaces' entries that need a lock record and have none or a stale one (the encoders' rule)."""
         from retinabench.plan.selection import unpinned_encoders
-        out = unpinned_encoders(self.core.reg, self.encoders())
-        for name in self.tiny_models():
-            want = self.tiny_model_folder().format(name=name)
-            got = self.core.reg.encoder(name).get("weights_path")
-            if got != want:
-                out.append(f"encoder {name!r}: a tiny_model entry must have weights_path "
-                           f"'{{results}}/tiny_models/{name}' (rule tiny_model builds it in the results folder: "
-                           f"{want!r}), not {got!r}")
-        return out
+        return unpinned_encoders(self.core.reg, self.encoders())
 
     def print_notes(self) -> None:
         for note in self.notes():

@@ -144,16 +144,12 @@ class LoraPlan:
                 + list(self.delta_outputs().values()))
 
     # -- one job ---------------------------------------------------------------------------------------------
-    def _weights(self, encoder: str) -> dict:
-        weights = self.core.reg.encoder(encoder).get("weights_path")
-        return {"weights": weights} if weights else {}
-
     def train_inputs(self, wc) -> dict:
         core, j = self.core, self.job(wc)
         d = core.task_dataset(j.source)
         return {"prompts": self.interfaces.prompts_path, "split": core.task_split(j.source),
                 "manifest": core.data(d, "manifest.parquet"),
-                **core.cache_files(d), **self._weights(wc.encoder)}
+                **core.cache_files(d), **self.core.local_weights(wc.encoder)}
 
     def train_params(self, wc) -> dict:
         j = self.job(wc)
@@ -168,7 +164,7 @@ class LoraPlan:
                "prompts": self.interfaces.prompts_path,
                "splits": [core.task_split(t) for t in j.test_tasks],
                "manifests": [core.data(d, "manifest.parquet") for d in self.datasets(j)],
-               **self._weights(wc.encoder)}
+               **self.core.local_weights(wc.encoder)}
         for d in self.datasets(j):
             for k, v in core.cache_files(d).items():
                 out[f"{k}_{d}"] = v

@@ -48,7 +48,7 @@ class SaliencyPlan:
         return f"{self.core.R}/models/{protocol}/{encoder}/{task}/seed{seed}.pt"
 
     def inputs(self, wc) -> dict[str, str]:
-        inputs = self.core.images_of_task(wc.task)
+        inputs = {**self.core.images_of_task(wc.task), **self.core.local_weights(wc.encoder)}
         inputs.update({f"weights_{p}": self.weights(p, wc.encoder, wc.task, self.seed) for p in self.protocols})
         return inputs
 
