@@ -11,10 +11,10 @@ rule collect_metrics:
     input:
         metrics=P.metrics_files(),
     output:
-        metrics=f"{R}/metrics.parquet",
-        csv=f"{R}/metrics.csv",
+        metrics=P.path("metrics"),
+        csv=P.path("metrics_csv"),
     log:
-        f"{R}/logs/collect_metrics.log",
+        P.log("collect_metrics"),
     conda:
         CORE_ENV
     script:
@@ -31,7 +31,7 @@ for _family, _rule_name in AN.families():
         output:
             **AN.reported_outputs(_family, report),
         log:
-            f"{R}/logs/analysis/{_family}.log",
+            P.log("analysis", family=_family),
         conda:
             CORE_ENV
         params:
@@ -54,7 +54,7 @@ rule baselines:
             labels={"figure": "baselines", "metric": "all"},
         ),
     log:
-        f"{R}/logs/analysis/baselines.log",
+        P.log("baselines"),
     conda:
         CORE_ENV
     params:
@@ -78,7 +78,7 @@ rule skipped_analyses:
             labels={"figure": "skipped analyses", "metric": "all"},
         ),
     log:
-        f"{R}/logs/analysis/skipped_analyses.log",
+        P.log("skipped_analyses"),
     conda:
         CORE_ENV
     params:

@@ -9,7 +9,7 @@ from retinabench.plan.run_lock import RunLockError
 from retinabench.plan.selection import ConfigError
 
 P = WorkflowPlan(config)
-R = P.R
+
 REG = P.reg
 STAGE = "../scripts/stage.py"
 # Conda environments of the rule groups (envs/*.yaml, pinned from requirements.lock by envs/sync.py); used with

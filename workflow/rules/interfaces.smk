@@ -11,7 +11,7 @@ rule zeroshot:
     output:
         **IFP.outputs("zeroshot"),
     log:
-        f"{R}/logs/zeroshot/{{encoder}}/{{task_set}}.log",
+        P.log("zeroshot"),
     conda:
         TORCH_ENV
     threads: 2
@@ -32,7 +32,7 @@ rule mllm:
     output:
         **IFP.outputs("mllm"),
     log:
-        f"{R}/logs/mllm/{{encoder}}/{{task_set}}.log",
+        P.log("mllm"),
     conda:
         MLLM_ENV
     threads: 2
@@ -53,7 +53,7 @@ rule interface_tables:
     output:
         **IFP.tables(),
     log:
-        f"{R}/logs/interfaces/tables.log",
+        P.log("interface_tables"),
     conda:
         CORE_ENV
     threads: 1
@@ -70,7 +70,7 @@ rule tiny_model:
     output:
         folder=directory(P.tiny_model_folder()),
     log:
-        f"{R}/logs/tiny_models/{{name}}.log",
+        P.log("tiny_model"),
     wildcard_constraints:
         name=P.tiny_model_constraint(),
     conda:

@@ -33,7 +33,7 @@ class WorkflowPlan(CorePlan):
         self.saliency = SaliencyPlan(self, self.finetune)
         self.compute = ComputePlan(self, self.finetune)
         from retinabench.data.raw_state import RawState
-        self.raw_states = {d: RawState(self.selection.dataset_root(d), f"{self.R}/data/{d}") for d in self.datasets
+        self.raw_states = {d: RawState(self.selection.dataset_root(d), self.path("dataset_folder", dataset=d)) for d in self.datasets
                            if not self.reg.dataset(d).get("generated")}
         self._refreshed: set[str] = set()
 
@@ -73,8 +73,8 @@ class WorkflowPlan(CorePlan):
         """Target rule `interfaces`: the prompt-based protocols alone (their jobs, tables and per-job reliability
         tables), without the features / probes / analysis of `all` (config/interfaces_demo.yaml runs this)."""
         keys = self.interfaces.prediction_files()
-        return self.interfaces.targets() + [f"{self.reliability.root}/jobs/{k}/{kind}.parquet"
-                                            for k in keys for kind in self.reliability.kinds]
+        return self.interfaces.targets() + [self.reliability.job_table(k, kind) for k in keys
+                                            for kind in self.reliability.kinds]
 
     def lora_targets(self) -> list[str]:
         """Target rule `lora`: train -> base + adapter inference -> paired deltas, without the features / probes /
@@ -84,7 +84,7 @@ class WorkflowPlan(CorePlan):
     def aggregate_targets(self) -> list[str]:
         """The tables and figures built from many jobs (metrics table, reliability and analysis outputs): what a
         failed run checks against their inputs (Snakefile `onerror`, retinabench.integrity.report_stale)."""
-        return [f"{self.R}/metrics.parquet"] + self.reliability.targets() + self.analysis.targets()
+        return [self.path("metrics")] + self.reliability.targets() + self.analysis.targets()
 
     # -- start-up ------------------------------------------------------------------------------------------
     def missing_raw_folders(self) -> list[str]:
@@ -92,7 +92,7 @@ class WorkflowPlan(CorePlan):
         and nothing depending on them is rerun (Snakemake sees no newer input), so say so, naming each."""
         notes = []
         for dataset, state in self.raw_states.items():
-            manifest = f"{self.R}/data/{dataset}/manifest.parquet"
+            manifest = self.path("manifest", dataset=dataset)
             if not state.root.is_dir() and os.path.exists(manifest):
                 notes.append(f"raw folder of dataset {dataset} is missing: {state.root} (is data_root right?); its "
                              f"results built from {manifest} are kept and nothing depending on it is rerun; "
@@ -111,7 +111,7 @@ class WorkflowPlan(CorePlan):
             changes = state.refresh()
             self._refreshed.add(dataset)
             listed = changes["changed"] + changes["added"] + changes["removed"]
-            if listed and os.path.exists(f"{self.R}/data/{dataset}/manifest.parquet"):
+            if listed and os.path.exists(self.path("manifest", dataset=dataset)):
                 print(f"retinabench: raw data of {dataset} changed since its manifest was built: "
                       f"{len(changes['changed'])} changed, {len(changes['added'])} added, "
                       f"{len(changes['removed'])} removed (e.g. {listed[:3]}); see {state.fingerprint_path}",

@@ -23,7 +23,7 @@ class AnalysisPlan:
         self.planned_skips: list[dict] = []  # figures and tables this config cannot produce, with the reason
         self.outputs = analysis_outputs(self.context, core.R, self.planned_skips)
         self.baselines_file = baselines_path(core.R)
-        self.skipped_table = f"{core.R}/skipped_analyses.csv"
+        self.skipped_table = core.path("skipped_analyses")
         # What the captions say the figures come from (the provenance sidecars hold the file-level chain).
         self.runs = (f"{len(core.encoders)} encoders ({', '.join(core.encoders)}); {len(core.tasks)} tasks "
                      f"({', '.join(core.tasks)}); protocols {', '.join(c['protocols'])}; seeds "
@@ -69,7 +69,7 @@ class AnalysisPlan:
     # -- the skipped-analyses table ---------------------------------------------------------------------------
     def skipped_inputs(self) -> dict:
         rel = self.reliability
-        out = {"figures": rel.figure_targets(), "coverage": f"{rel.root}/coverage.parquet"}
+        out = {"figures": rel.figure_targets(), "coverage": rel.table("coverage")}
         if "fairness" in self.outputs:
             out["subgroup_table"] = self.outputs["fairness"]["table"]
         return out

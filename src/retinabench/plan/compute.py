@@ -42,5 +42,18 @@ class ComputePlan:
     def targets(self) -> list[str]:
         if not self.on:
             return []
-        R = self.core.R
-        return [f"{R}/compute/benchmark.parquet"] + [f"{R}/figures/compute/{f}.png" for f in self.figures]
+        core = self.core
+        return [core.path("compute_table")] + [core.path("compute_figure", figure=f, ext="png") for f in self.figures]
+
+    def benchmark_tables(self) -> list[str]:
+        return [self.core.path("compute_benchmark", encoder=e) for e in self.encoders]
+
+    def figure_outputs(self, report) -> dict:
+        """The figures (``report()`` wrapped, caption appendix/compute.rst) and their PDF twins."""
+        core, out = self.core, {}
+        for f in self.figures:
+            out[f] = report(core.path("compute_figure", figure=f, ext="png"), caption="../report/appendix/compute.rst",
+                            category="8. Saliency and compute", subcategory="Compute",
+                            labels={"figure": f.replace("_", " ")})
+        out.update({f"{f}_pdf": core.path("compute_figure", figure=f, ext="pdf") for f in self.figures})
+        return out

@@ -8,9 +8,10 @@ import sys
 
 from retinabench.registry.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.plan.code import rule_code_hash
+from retinabench.plan.paths import Paths
 from retinabench.plan.run_lock import RunLock
 from retinabench.settings import Config, PhantomSettings, load
-from retinabench.plan.selection import GENERATED_FOLDER, dataset_tasks, plan
+from retinabench.plan.selection import dataset_tasks, plan
 
 
 def alternatives(names) -> str:
@@ -51,6 +52,7 @@ class CorePlan:
         self.datasets, self.tasks, self.encoders = (self.selection.datasets, self.selection.tasks,
                                                     self.selection.encoders)
         self.cache_tag = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
+        self.paths = Paths(self.R, cache_tag=self.cache_tag)  # every artifact path (retinabench.plan.paths)
         self.generated_roots = {d["root"]: name for name, d in self.reg.datasets.items() if d.get("generated")}
         self.local = intended_executor() in (None, "local", "dryrun")
         self.run_lock = RunLock(self.R)  # one writer per results folder (Snakefile onstart / onsuccess / onerror)
@@ -61,7 +63,7 @@ class CorePlan:
     def phantom_metadata(self) -> str:
         """The generated phantom's metadata file, wildcard ``generated_root``: under the results folder
         (``<results>/raw/<root>``, :meth:`~retinabench.plan.selection.Plan.dataset_root`), never under data_root."""
-        return os.path.join(self.R, GENERATED_FOLDER, "{generated_root}", "metadata.csv")
+        return self.path("phantom_metadata")
 
     # -- code, resources -----------------------------------------------------------------------------------
     @staticmethod
@@ -88,15 +90,20 @@ class CorePlan:
     def task_dataset(self, task: str) -> str:
         return self.reg.task(task)["dataset"]
 
-    def data(self, dataset: str, name: str) -> str:
-        return f"{self.R}/data/{dataset}/{name}"
+    def path(self, artifact: str, /, **values) -> str:
+        """An artifact path by name (retinabench.plan.paths.PATHS); wildcards not given stay wildcards."""
+        return self.paths.path(artifact, **values)
+
+    def log(self, rule: str, /, **values) -> str:
+        """A rule's log (retinabench.plan.paths.LOGS)."""
+        return self.paths.log(rule, **values)
 
     def cache_files(self, dataset: str) -> dict[str, str]:
-        return {"array": f"{self.R}/data/{dataset}/images_{self.cache_tag}.npy",
-                "index": f"{self.R}/data/{dataset}/images_{self.cache_tag}.index.parquet"}
+        return {"array": self.path("image_cache", dataset=dataset),
+                "index": self.path("image_cache_index", dataset=dataset)}
 
     def task_split(self, task: str) -> str:
-        return f"{self.R}/splits/{self.task_dataset(task)}/{task}.parquet"
+        return self.path("task_split", dataset=self.task_dataset(task), task=task)
 
     # -- encoder weights a job loads from a local path (a job reads only what it declares) ---------------------
     @property
@@ -136,14 +143,14 @@ class CorePlan:
         return out
 
     def tiny_model_folder(self) -> str:
-        return f"{self.R}/tiny_models/{{name}}"
+        return self.path("tiny_model")
 
     def feature_inputs(self, wc) -> dict[str, str]:
         """A features job: the dataset's image cache and the encoder's local weights."""
         return {**self.cache_files(wc.dataset), **self.local_weights(wc.encoder)}
 
     def features(self, encoder: str, dataset: str) -> str:
-        return f"{self.R}/features/{encoder}/{dataset}.parquet"
+        return self.path("features", encoder=encoder, dataset=dataset)
 
     def images_of_task(self, task: str) -> dict[str, str]:
         """Image cache and split of a task (the inputs of every image-based job)."""
@@ -153,11 +160,12 @@ class CorePlan:
         return [os.path.join(self.selection.dataset_root(dataset), f) for f in self.reg.dataset(dataset)["index_files"]]
 
     def frozen(self, kind: str) -> list[str]:
-        return [f"{self.R}/{kind}/frozen/{e}/{t}.parquet" for e in self.encoders for t in self.tasks]
+        name = {"metrics": "job_metrics", "training_logs": "training_log"}.get(kind, kind)
+        return [self.path(name, source="frozen", encoder=e, name=t) for e in self.encoders for t in self.tasks]
 
     def frozen_prediction_files(self) -> dict[str, str]:
-        return {f"frozen/{e}/{t}": f"{self.R}/predictions/frozen/{e}/{t}.parquet" for e in self.encoders
-                for t in self.tasks}
+        return {f"frozen/{e}/{t}": self.path("predictions", source="frozen", encoder=e, name=t)
+                for e in self.encoders for t in self.tasks}
 
     # -- settings ------------------------------------------------------------------------------------------
     def phantom_settings(self, wc) -> dict:
@@ -188,10 +196,10 @@ class CorePlan:
                 **self.protocol_settings(c["protocols"])}
 
     def targets(self) -> list[str]:
-        R = self.R
-        targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
-        targets += [f"{R}/data/{d}/exclusions.parquet" for d in self.datasets]
-        targets += [f"{R}/data/{d}/duplicates.parquet" for d in self.datasets]
+        targets = [self.path("metrics"), self.path("analysis_table", table="rank_summary", ext="csv"),
+                   self.path("figure", figure="rank_distribution", ext="png")]
+        targets += [self.path("exclusions", dataset=d) for d in self.datasets]
+        targets += [self.path("duplicates", dataset=d) for d in self.datasets]
         if len(self.datasets) > 1:  # test images of one dataset that duplicate training images of another
-            targets.append(f"{R}/data/cross_dataset_duplicates.parquet")
+            targets.append(self.path("cross_duplicates"))
         return targets

@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
+from retinabench.plan.paths import Paths
 from retinabench.protocols.interfaces import INTERFACES
 
 __all__ = ["InterfaceJob", "job_resources", "plan_jobs", "selected_entries"]
@@ -42,10 +43,10 @@ class InterfaceJob:
         """Where the job's predictions go, in the layout every protocol's predictions share
         (``predictions/<source>/<encoder>/<name>``: the reliability layer's source is the interface, its name the
         task set)."""
-        return f"{results}/predictions/{self.interface}/{self.encoder}/{self.task_set}.parquet"
+        return Paths(results).path("predictions", source=self.interface, encoder=self.encoder, name=self.task_set)
 
     def metrics_path(self, results: str) -> str:
-        return f"{results}/metrics/{self.interface}/{self.encoder}/{self.task_set}.parquet"
+        return Paths(results).path("job_metrics", source=self.interface, encoder=self.encoder, name=self.task_set)
 
 
 def job_resources(entry: dict, n_datasets: int, n_prompt_sets: int) -> dict:

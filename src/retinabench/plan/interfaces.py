@@ -58,9 +58,9 @@ class InterfacesPlan:
     def tables(self) -> dict[str, str]:
         out = {}
         if self.jobs:
-            out["prompt_sensitivity"] = f"{self.core.R}/interfaces/prompt_sensitivity.parquet"
+            out["prompt_sensitivity"] = self.core.path("interface_table", table="prompt_sensitivity")
         if any(i == "zeroshot" for i, _, _ in self.jobs):
-            out["zeroshot_ece_difference"] = f"{self.core.R}/interfaces/zeroshot_ece_difference.parquet"
+            out["zeroshot_ece_difference"] = self.core.path("interface_table", table="zeroshot_ece_difference")
         return out
 
     def targets(self) -> list[str]:
@@ -77,7 +77,7 @@ class InterfacesPlan:
         j, core = self.job(interface, wc), self.core
         out = {"prompts": self.prompts_path,
                "splits": [core.task_split(t) for t in j.tasks],
-               "manifests": [core.data(d, "manifest.parquet") for d in j.datasets]}
+               "manifests": [core.path("manifest", dataset=d) for d in j.datasets]}
         for d in j.datasets:
             for k, v in core.cache_files(d).items():
                 out[f"{k}_{d}"] = v
@@ -93,9 +93,9 @@ class InterfacesPlan:
         return lambda wc: self.job(interface, wc).resources[key]
 
     def outputs(self, interface: str) -> dict[str, str]:
-        R = self.core.R
-        return {"predictions": f"{R}/predictions/{interface}/{{encoder}}/{{task_set}}.parquet",
-                "metrics": f"{R}/metrics/{interface}/{{encoder}}/{{task_set}}.parquet"}
+        core = self.core
+        return {"predictions": core.path("predictions", source=interface, name="{task_set}"),
+                "metrics": core.path("job_metrics", source=interface, name="{task_set}")}
 
     def table_params(self) -> dict:
         return {"tasks": {t: self.core.reg.task(t) for t in self.core.tasks}}

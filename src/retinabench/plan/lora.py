@@ -114,16 +114,17 @@ class LoraPlan:
         return self.jobs[(wc.encoder, wc.task)]
 
     def train_dir(self, encoder: str, task: str) -> str:
-        return f"{self.core.R}/lora/{encoder}/{task}"
+        return self.core.path("lora_run", encoder=encoder, task=task)
 
     def train_outputs(self) -> dict[str, str]:
-        d = self.train_dir("{encoder}", "{task}")
-        return {"adapter": f"{d}/adapter", "train_log": f"{d}/train_log.parquet", "compute": f"{d}/compute.json"}
+        core = self.core
+        return {"adapter": core.path("lora_adapter"), "train_log": core.path("lora_train_log"),
+                "compute": core.path("lora_compute")}
 
     def infer_outputs(self) -> dict[str, str]:
-        R = self.core.R
-        return {"predictions": f"{R}/predictions/mllm_lora/{{encoder}}/{{task}}.parquet",
-                "metrics": f"{R}/metrics/mllm_lora/{{encoder}}/{{task}}.parquet"}
+        core = self.core
+        return {"predictions": core.path("predictions", source="mllm_lora", name="{task}"),
+                "metrics": core.path("job_metrics", source="mllm_lora", name="{task}")}
 
     def prediction_files(self) -> dict[str, str]:
         """{"mllm_lora/<encoder>/<source task>": adapter predictions path}."""
@@ -131,10 +132,9 @@ class LoraPlan:
         return {f"mllm_lora/{e}/{t}": pattern.format(encoder=e, task=t) for (e, t) in sorted(self.jobs)}
 
     def delta_outputs(self) -> dict[str, str]:
-        root = f"{self.core.R}/lora/deltas"
-        return {**{k: f"{root}/{k}.parquet" for k in DELTA_TABLES}, "table5": f"{root}/table5.csv",
-                "figure": f"{self.core.R}/figures/lora/table5.png",
-                "figure_pdf": f"{self.core.R}/figures/lora/table5.pdf"}
+        core = self.core
+        return {**{k: core.path("lora_delta", table=k) for k in DELTA_TABLES}, "table5": core.path("lora_table5"),
+                "figure": core.path("lora_figure", ext="png"), "figure_pdf": core.path("lora_figure", ext="pdf")}
 
     def targets(self) -> list[str]:
         if not self.jobs:
@@ -148,7 +148,7 @@ class LoraPlan:
         core, j = self.core, self.job(wc)
         d = core.task_dataset(j.source)
         return {"prompts": self.interfaces.prompts_path, "split": core.task_split(j.source),
-                "manifest": core.data(d, "manifest.parquet"),
+                "manifest": core.path("manifest", dataset=d),
                 **core.cache_files(d), **self.core.local_weights(wc.encoder)}
 
     def train_params(self, wc) -> dict:
@@ -163,7 +163,7 @@ class LoraPlan:
         out = {"adapter": self.train_outputs()["adapter"].format(encoder=j.encoder, task=j.source),
                "prompts": self.interfaces.prompts_path,
                "splits": [core.task_split(t) for t in j.test_tasks],
-               "manifests": [core.data(d, "manifest.parquet") for d in self.datasets(j)],
+               "manifests": [core.path("manifest", dataset=d) for d in self.datasets(j)],
                **self.core.local_weights(wc.encoder)}
         for d in self.datasets(j):
             for k, v in core.cache_files(d).items():
@@ -183,7 +183,7 @@ class LoraPlan:
         base = sorted({self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks} - {None})
         datasets = sorted({d for j in self.jobs.values() for d in self.datasets(j)})
         return {"adapters": list(self.prediction_files().values()), "base": base,
-                "manifests": [self.core.data(d, "manifest.parquet") for d in datasets]}
+                "manifests": [self.core.path("manifest", dataset=d) for d in datasets]}
 
     def delta_params(self) -> dict:
         tasks = sorted({t for j in self.jobs.values() for t in j.test_tasks})

@@ -45,7 +45,7 @@ class SaliencyPlan:
         return device_problems(s.device, "saliency.device", local=self.core.local), bad
 
     def weights(self, protocol, encoder, task, seed) -> str:
-        return f"{self.core.R}/models/{protocol}/{encoder}/{task}/seed{seed}.pt"
+        return self.core.path("model_weights", protocol=protocol, encoder=encoder, task=task, seed=seed)
 
     def inputs(self, wc) -> dict[str, str]:
         inputs = {**self.core.images_of_task(wc.task), **self.core.local_weights(wc.encoder)}
@@ -62,6 +62,11 @@ class SaliencyPlan:
     def targets(self) -> list[str]:
         if not self.on:
             return []
-        R = self.core.R
-        return ([f"{R}/figures/saliency/{t}.png" for t in self.tasks]
-                + [f"{R}/saliency/{e}/{t}.parquet" for e in self.encoders for t in self.tasks])
+        core = self.core
+        return ([core.path("saliency_figure", task=t, ext="png") for t in self.tasks]
+                + [core.path("saliency", encoder=e, task=t, ext="parquet") for e in self.encoders for t in self.tasks])
+
+    def figure_inputs(self, wc) -> dict[str, list[str]]:
+        """A task's saliency figure: every saliency encoder's table and maps of the task."""
+        return {"tables": [self.core.path("saliency", encoder=e, task=wc.task, ext="parquet") for e in self.encoders],
+                "maps": [self.core.path("saliency", encoder=e, task=wc.task, ext="npz") for e in self.encoders]}
