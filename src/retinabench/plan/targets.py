@@ -61,8 +61,8 @@ def _per_job(p) -> list[Output]:
     for key, path in rel.transfer_prediction_files().items():
         _, e, g = key.split("/")
         out.append(_out(path, [e], rel.transfer_groups[g]))
-    for (interface, e, task_set), job in sorted(p.interfaces.jobs.items()):
-        out += [_out(job.predictions_path(p.R), [e], job.tasks), _out(job.metrics_path(p.R), [e], job.tasks)]
+    for _, job in sorted(p.interfaces.jobs.items()):
+        out += [_out(path, [job.encoder], job.tasks) for path in (job.predictions_path(p.R), job.metrics_path(p.R))]
     lora = p.lora
     for (e, source), job in sorted(lora.jobs.items()):
         out += [_out(path.format(encoder=e, task=source), [e], [source]) for path in lora.train_outputs().values()]
