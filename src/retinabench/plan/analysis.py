@@ -5,7 +5,8 @@ from __future__ import annotations
 from retinabench import skipped as skip_table
 from retinabench.analysis import AnalysisContext
 from retinabench.plan.families import analysis_outputs, family_inputs
-from retinabench.plan.families import FAMILY_RULES, baselines_path
+from retinabench.analysis.context import FAMILIES
+from retinabench.plan.families import baselines_path
 from retinabench.plan.core import CorePlan
 
 
@@ -32,7 +33,7 @@ class AnalysisPlan:
 
     def families(self) -> list[tuple[str, str]]:
         """(family, rule name) of every family this config produces, in report order."""
-        return [(f, rule) for f, (rule, _) in FAMILY_RULES.items() if f in self.outputs]
+        return [(f.name, f.rule) for f in FAMILIES.values() if f.name in self.outputs]
 
     def inputs(self, family: str) -> dict[str, str]:
         return family_inputs(family, self.core.R, self.context)
@@ -42,8 +43,8 @@ class AnalysisPlan:
 
     def reported_outputs(self, family: str, report) -> dict:
         """The family's named outputs, figures (and report tables) wrapped in Snakemake's ``report()`` with their
-        caption and section (FAMILY_RULES)."""
-        spec = FAMILY_RULES[family][1]
+        caption and section (the family's record, retinabench.analysis.context.FAMILIES)."""
+        spec = FAMILIES[family].report_entries
         out = {}
         for key, path in self.outputs[family].items():
             metric = key[len("png_"):] if key.startswith("png_") and key not in spec else None
@@ -78,7 +79,7 @@ class AnalysisPlan:
         """Names (retinabench.skipped.SECTIONS keys) of every figure and table this config produces."""
         names = []
         for family, outputs in self.outputs.items():
-            spec = FAMILY_RULES[family][1]
+            spec = FAMILIES[family].report_entries
             names += [spec[k][0] for k in outputs if k in spec]
         return names + self.reliability.figure_names() + ["baselines"]
 

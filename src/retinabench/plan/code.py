@@ -59,8 +59,8 @@ def rule_code_files(rule: str, extra_modules: tuple[str, ...] = ()) -> tuple[Pat
         module, modules = sources[rule]
         own = [PIPELINE / f"{module.rsplit('.', 1)[1]}.py"]  # the stage's module itself, not all its stages' imports
     else:
-        from retinabench.plan.families import FAMILY_RULES
-        if rule not in {r for r, _ in FAMILY_RULES.values()}:
+        from retinabench.analysis.context import FAMILIES
+        if rule not in {f.rule for f in FAMILIES.values()}:
             raise KeyError(f"no stage for rule {rule!r} in retinabench.pipeline (known: {sorted(sources)})")
         modules = frozenset(module_imports(PIPELINE / "analysis.py", "retinabench.pipeline.analysis"))
         own = [PIPELINE / "analysis.py"]

@@ -7,7 +7,6 @@ from pathlib import Path
 from retinabench.analysis.context import FAMILIES, AnalysisContext
 from retinabench.plan.paths import Paths
 from retinabench.regimes import BALANCED, UNBALANCED
-from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVITY, SUBSETS
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -190,50 +189,3 @@ def baselines_path(results: str) -> str:
 
 def targets(outputs: dict[str, dict[str, str]]) -> list[str]:
     return [p for fam in outputs.values() for p in fam.values()]
-
-
-# family -> (rule name, {output key: (caption, report category, subcategory)}). Keys "png_<metric>" of the
-# ranking families reuse the caption of "png" with a metric label.
-# Sections: retinabench.skipped.SECTIONS (the skipped-analyses table uses the same).
-FAMILY_RULES = {
-    "ranks": ("ranks", {}),
-    "rank_figures": ("figure_rank_distribution", {"png": ("rank_distribution", RANKING, "Rank distributions")}),
-    "tables": (
-        "analysis_tables",
-        {"ranking_csv": ("ranking_table", RANKING, "Tables"), "appendix_csv": ("appendix_table", RANKING, "Tables")},
-    ),
-    "cd": ("critical_difference", {"png": ("cd_diagram", RANKING, "Critical difference")}),
-    "protocol_heatmap": ("protocol_heatmap", {"png": ("protocol_rank_heatmap", PROTOCOLS, "Mean rank per protocol")}),
-    "agreement": (
-        "rank_agreement",
-        {
-            "png_protocols": ("spearman_protocols", PROTOCOLS, "Spearman correlation"),
-            "png_regimes": ("spearman_regimes", PROTOCOLS, "Spearman correlation"),
-        },
-    ),
-    "distance": (
-        "signed_rank_distance",
-        {
-            "png_protocols": ("srd_protocols", PROTOCOLS, "Signed rank distance"),
-            "png_subsets": ("srd_subsets", SUBSETS, "Signed rank distance"),
-        },
-    ),
-    "ft_lp": ("ft_lp_gap", {"png": ("ft_lp_gap", PROTOCOLS, "Fine-tuning vs linear probe")}),
-    "subsets": ("subset_ranks", {"png": ("subset_ranks", SUBSETS, "Mean rank by subset")}),
-    "leakage": ("leakage", {"png": ("leakage_rank_change", LEAKAGE, "Rank change")}),
-    "top_k": ("top_k", {"png": ("top_k", LEAKAGE, "Top encoders")}),
-    "fairness": ("fairness", {"png": ("subgroup_accuracy", FAIRNESS, "Subgroups")}),
-    "sensitivity": (
-        "lr_sensitivity",
-        {"png": ("lr_sensitivity", SENSITIVITY, "Learning rate"), "png_srd": ("srd_lr", SENSITIVITY, "Learning rate")},
-    ),
-    "lr_transfer": ("lr_transfer", {"png": ("lr_transfer", SENSITIVITY, "Learning rate")}),
-}
-
-
-def family_of_rule(rule: str) -> str:
-    """The analysis family a Snakemake rule runs (the inverse of :data:`FAMILY_RULES`)."""
-    for family, (name, _) in FAMILY_RULES.items():
-        if name == rule:
-            return family
-    raise KeyError(f"no analysis family for rule {rule!r}")
