@@ -24,7 +24,7 @@ def main() -> int:
 
     t_start = time.perf_counter()
     from retinabench.analysis import AnalysisContext
-    from retinabench.plan.families import analysis_outputs
+    from retinabench.plan.family_outputs import analysis_outputs
     from retinabench.analysis.families import run_family
     from retinabench.settings import AnalysisSettings
     from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from retinabench.analysis import FAMILIES, AnalysisContext
-from retinabench.plan.families import analysis_outputs, family_inputs
+from retinabench.plan.family_outputs import analysis_outputs, family_inputs
 from retinabench.settings import AnalysisSettings, ConfigError
 from retinabench.plan.selection import plan
 

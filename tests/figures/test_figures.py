@@ -7,7 +7,7 @@ import pytest
 
 from retinabench.schemas import write_table
 from retinabench.analysis import FAMILIES, AnalysisContext
-from retinabench.plan.families import analysis_outputs, family_inputs
+from retinabench.plan.family_outputs import analysis_outputs, family_inputs
 from retinabench.analysis.families import run_family
 from retinabench.pipeline import Job, run_stage
 from retinabench.settings import AnalysisSettings

@@ -118,7 +118,7 @@ def render_run_figures(workdir: Path, dest: Path, *, families=None, reliability=
     from retinabench.figures.reliability import FIGURES
     from retinabench.figures.style import recording
     from retinabench.analysis import AnalysisContext
-    from retinabench.plan.families import analysis_outputs, family_inputs
+    from retinabench.plan.family_outputs import analysis_outputs, family_inputs
     from retinabench.analysis.families import read_input, run_family
     from retinabench.settings import ReliabilitySettings
     from retinabench.plan.selection import plan

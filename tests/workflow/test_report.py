@@ -15,7 +15,7 @@ import yaml
 
 from retinabench.schemas import read_table, write_table
 from retinabench.analysis import AnalysisContext
-from retinabench.plan.families import analysis_outputs
+from retinabench.plan.family_outputs import analysis_outputs
 from retinabench.plan.selection import plan
 from tests.workflow.conftest import run_config
 

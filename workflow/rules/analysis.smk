@@ -1,6 +1,6 @@
 # Analysis stage: one tidy metrics table -> encoder ranks -> statistics, figures and tables, one job per figure
 # family (never one per task). Which families run is decided from the config alone by
-# retinabench.plan.families.analysis_outputs(): a family whose inputs this config does not produce (fewer than
+# retinabench.plan.family_outputs.analysis_outputs(): a family whose inputs this config does not produce (fewer than
 # three encoders for a Friedman test, no augmented linear probe for the FT-LP gap, no sweep, ...) has no rule and
 # no target. Single-protocol analyses run on fine-tuning when it is ranked, else on analysis.fallback_protocol.
 # Figures are report() outputs with a caption (workflow/report/*.rst), grouped by section. Plan: P.analysis.

@@ -12,7 +12,7 @@ titles and tables name it and, for a fallback, why (:func:`choose_headline`). Th
 with the paper's linear probe ``linear_aug`` (frozen encoder, same trainer, augmentations, swept lr). The fairness
 family reads the reliability layer's subgroup table (``reliability/subgroup_metrics.parquet``) by default. Which
 families this config can produce and their output paths is the plan's decision
-(:func:`retinabench.plan.families.analysis_outputs`); the Snakemake rules, the benchmark and the tests all use it.
+(:func:`retinabench.plan.family_outputs.analysis_outputs`); the Snakemake rules, the benchmark and the tests all use it.
 Modules: :mod:`.context` (what the analysis reads from the config and registries), :mod:`.families`
 (each family a plain function ``family_x(inputs,
 ctx, out)``, DataFrames in, files out). The stages are in retinabench.pipeline.analysis.

@@ -223,7 +223,7 @@ class Family:
     """One analysis family, declared once: its name, Snakemake rule, the tables it reads, what of the registries
     and the config its job receives, the function that computes its statistics and draws its figures
     (``analysis.families.<function>``) and its report entries. The outputs and when the family is skipped are
-    decided from the config by retinabench.plan.families.analysis_outputs."""
+    decided from the config by retinabench.plan.family_outputs.analysis_outputs."""
 
     name: str
     rule: str

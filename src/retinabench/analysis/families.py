@@ -1,5 +1,5 @@
 """The analysis families: plain functions ``family_x(inputs, ctx, out)``, DataFrames in, files out (``out``: the
-paths :func:`retinabench.plan.families.analysis_outputs` gives the family). Every file is written atomically
+paths :func:`retinabench.plan.family_outputs.analysis_outputs` gives the family). Every file is written atomically
 (retinabench.atomic; figures through retinabench.figures.style.save)."""
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """Plan of workflow/rules/analysis.smk: the tidy metrics table, then one job per analysis family this config
-can produce (retinabench.plan.families decides which, from the config alone)."""
+can produce (retinabench.plan.family_outputs decides which, from the config alone)."""
 from __future__ import annotations
 
 from retinabench import skipped as skip_table
 from retinabench.analysis import AnalysisContext
-from retinabench.plan.families import analysis_outputs, family_inputs
 from retinabench.analysis.context import FAMILIES
-from retinabench.plan.families import baselines_path
+from retinabench.plan.family_outputs import analysis_outputs, baselines_path, family_inputs
 from retinabench.plan.core import CorePlan
 
 
