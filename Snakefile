@@ -62,7 +62,7 @@ rule lora:
 apply_site_resources()  # workflow/rules/resources.smk (retinabench.pipeline.slurm): Slurm partition / GPU request of every rule (docs/slurm.md)
 
 
-# One writer per results folder (retinabench.pipeline.run_lock): <results>/.retinabench.lock, seen by every checkout
+# One writer per results folder (retinabench.plan.run_lock): <results>/.retinabench.lock, seen by every checkout
 # and host sharing the folder. Snakemake calls onstart only in the main process of a run that executes jobs (not in
 # Slurm / remote jobs, dry runs, --lint); a second run on the folder is refused there, naming the holder.
 onstart:

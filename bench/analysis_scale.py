@@ -23,7 +23,8 @@ def main() -> int:
     args = ap.parse_args()
 
     t_start = time.perf_counter()
-    from retinabench.analysis import AnalysisContext, analysis_outputs
+    from retinabench.analysis import AnalysisContext
+    from retinabench.plan.family_outputs import analysis_outputs
     from retinabench.analysis.families import run_family
     from retinabench.settings import AnalysisSettings
     from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,

@@ -15,7 +15,7 @@ NOT_ARTIFACTS = {
     "protocols/lora_launch.py": "the torchrun group's spec, in a temporary folder",
     "report_build.py": "docutils settings, in a temporary folder",
     "compute/memory.py": "/proc/self/clear_refs (resets the peak-memory counter)",
-    "pipeline/run_lock.py": "the run lock, created exclusively (O_EXCL) and written once",
+    "plan/run_lock.py": "the run lock, created exclusively (O_EXCL) and written once",
 }
 SCAFFOLDING = "testing/"  # fixtures and demo inputs written for tests, not results
 

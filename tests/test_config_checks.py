@@ -1,4 +1,4 @@
-"""Start-up checks of a configuration (retinabench.workflow_plan.check_config: what needs more than the config
+"""Start-up checks of a configuration (retinabench.plan.selection.check_config: what needs more than the config
 itself; the config's own problems are retinabench.settings.load's) and per-adapter code hashes."""
 import copy
 import os
@@ -9,7 +9,7 @@ import yaml
 
 from retinabench.settings import ConfigError as SettingsError
 from retinabench.settings import load
-from retinabench.workflow_plan import ConfigError, check_config, device_problems, plan
+from retinabench.plan.selection import ConfigError, check_config, device_problems, plan
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -61,7 +61,7 @@ def test_planner_and_settings_import_without_torch(tmp_path):
     poison = tmp_path / "torch"
     poison.mkdir()
     (poison / "__init__.py").write_text("raise ImportError('torch imported')\n")
-    code = "import retinabench.settings, retinabench.pipeline, retinabench.analysis, retinabench.workflow_plan"
+    code = "import retinabench.settings, retinabench.pipeline, retinabench.analysis, retinabench.plan.selection"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": f"{tmp_path}:{SRC}", "PATH": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]

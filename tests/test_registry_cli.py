@@ -51,8 +51,24 @@ def test_cli_lists_and_targets(tmp_path):
     assert out.returncode == 0 and "efficientnet_lite0_in1k" in out.stdout and "dinov2_vitb14" in out.stdout
     assert "tvhl_oct_dme" in run_cli("tasks", cwd=repo).stdout
     out = run_cli("targets", "--configfile", "config/tvhl.yaml", "--task", "tvhl_cfp_dme", cwd=repo)
-    assert out.stdout.split() == ["results/tvhl/metrics/frozen/efficientnet_lite0_in1k/tvhl_cfp_dme.parquet",
-                                  "results/tvhl/metrics/frozen/resnet18_random/tvhl_cfp_dme.parquet"]
+    listed = out.stdout.split()
+    assert out.returncode == 0 and len(listed) == len(set(listed)), out.stderr
+    for path in ("results/tvhl/metrics/frozen/efficientnet_lite0_in1k/tvhl_cfp_dme.parquet",
+                 "results/tvhl/metrics/frozen/resnet18_random/tvhl_cfp_dme.parquet",
+                 "results/tvhl/predictions/frozen/resnet18_random/tvhl_cfp_dme.parquet",
+                 "results/tvhl/splits/tvhl/tvhl_cfp_dme.parquet", "results/tvhl/metrics.parquet",
+                 "results/tvhl/figures/rank_distribution.png", "results/tvhl/analysis/baselines.csv",
+                 "results/tvhl/reliability/jobs/frozen/resnet18_random/tvhl_cfp_dme/calibration.parquet"):
+        assert path in listed, path
+    assert not [p for p in listed if "/features/" in p or "tvhl_oct_dme" in p]  # features depend on no task
+    one = run_cli("targets", "--configfile", "config/tvhl.yaml", "--encoder", "resnet18_random", cwd=repo)
+    mine = one.stdout.split()
+    assert "results/tvhl/features/resnet18_random/tvhl.parquet" in mine and "results/tvhl/metrics.parquet" in mine
+    assert not [p for p in mine if "efficientnet_lite0_in1k" in p]
+    both = run_cli("targets", "--configfile", "config/tvhl.yaml", "--encoder", "resnet18_random",
+                   "efficientnet_lite0_in1k", "--task", "tvhl_cfp_dme", cwd=repo).stdout.split()
+    assert set(both) == set(listed) - {"results/tvhl/splits/tvhl/tvhl_cfp_dme.parquet",
+                                       "results/tvhl/analysis/baselines.csv"}
     bad = run_cli("targets", "--task", "tvhl_cfp_dme", cwd=repo)
     assert bad.returncode != 0 and "not selected by the config" in bad.stdout + bad.stderr
     missing = run_cli("provenance", str(tmp_path / "nothing.png"), cwd=repo)

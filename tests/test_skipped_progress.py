@@ -6,7 +6,8 @@ import pandas as pd
 
 from retinabench import skipped
 from retinabench.progress import Progress, progress
-from retinabench.analysis import AnalysisContext, analysis_outputs
+from retinabench.analysis import AnalysisContext
+from retinabench.plan.family_outputs import analysis_outputs
 
 
 def test_planning_records_every_figure_it_leaves_out():

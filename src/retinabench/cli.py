@@ -149,19 +149,21 @@ def _check_datasets(args) -> int:
 
 
 def cmd_targets(args) -> int:
-    """Output paths for one encoder and/or task under a config: feed them to snakemake to rerun just those."""
-    from retinabench.workflow_plan import plan
-    config = _load_config(args.configfile)
-    p = plan(config)
-    encoders = [args.encoder] if args.encoder else p.encoders
-    tasks = [args.task] if args.task else p.tasks
-    for name, allowed in (("encoder", p.encoders), ("task", p.tasks)):
-        value = getattr(args, name)
-        if value and value not in allowed:
-            raise SystemExit(f"{name} {value!r} is not selected by the config; selected: {allowed}")
-    for enc in encoders:
-        for task in tasks:
-            print(f"{p.results}/metrics/frozen/{enc}/{task}.parquet")
+    """Every output of the config's plan that depends on the given encoders and / or tasks (features, probe
+    predictions and metrics, fine-tuning runs and sweeps, transfer, interface and LoRA jobs, reliability tables,
+    and the tables and figures that aggregate them): feed them to snakemake (`-f` / `--forcerun`) to rebuild."""
+    from retinabench.plan import WorkflowPlan
+    from retinabench.plan.targets import dependent_outputs
+    p = WorkflowPlan(_config(args))
+    encoders, tasks = list(args.encoder or []), list(args.task or [])
+    if not encoders and not tasks:
+        raise SystemExit("targets: give --encoder and / or --task (each takes several names)")
+    for what, given, allowed in (("encoder", encoders, p.weight_entries), ("task", tasks, p.tasks)):
+        unknown = [v for v in given if v not in allowed]
+        if unknown:
+            raise SystemExit(f"{what}(s) {unknown} not selected by the config; selected: {allowed}")
+    for path in dependent_outputs(p, encoders, tasks):
+        print(path)
     return 0
 
 
@@ -202,7 +204,7 @@ def cmd_verify(args) -> int:
     against its sidecar, every artifact's inputs against the hashes it was built from, and every dataset's raw
     files against its manifest. Prints each CHANGED / MISSING / STALE item; exit 1 if there is any."""
     from retinabench.integrity import results_findings
-    from retinabench.workflow_plan import plan
+    from retinabench.plan.selection import plan
     p = plan(_config(args))
     if args.dataset:
         findings, summary = _raw_findings(p, args.dataset, args.threads)
@@ -334,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                            help="check only these datasets (default: the --configfile's datasets, "
                                 "else every registry entry)")
             p.add_argument("--decode", type=int, default=2, help="images decoded per dataset (default 2)")
-    p = sub.add_parser("targets", help="snakemake targets for one encoder and/or one task")
-    _config_options(p, overrides=False)
-    p.add_argument("--encoder")
-    p.add_argument("--task")
+    p = sub.add_parser("targets", help="every output of the config that depends on the given encoders and / or tasks "
+                                       "(features, probes, fine-tunes, transfer, interfaces, figures)")
+    _config_options(p, overrides=True)
+    p.add_argument("--encoder", nargs="+", action="extend", help="encoder name(s)")
+    p.add_argument("--task", nargs="+", action="extend", help="task name(s)")
     p.set_defaults(fn=cmd_targets)
     p = sub.add_parser("verify", help="check every artifact under the results folder against its sidecar, every "
                                       "aggregate against its inputs and every dataset's raw files against its "

@@ -4,7 +4,7 @@ Three sources, one table (``results/skipped_analyses.csv``, shown in the report 
 
 - **planned** — decided from the configuration before anything runs: a family whose inputs this config cannot
   produce (fewer than three encoders for Friedman / Nemenyi and Spearman, no fine-tuning for the FT − LP gap, no
-  sweep, no second dataset for transfer, ...; :func:`retinabench.analysis.plan.analysis_outputs` records them);
+  sweep, no second dataset for transfer, ...; :func:`retinabench.plan.family_outputs.analysis_outputs` records them);
 - **figure** — panel groups and rows a figure job left out because they had no data (an attribute without values
   in a dataset, a group below the minimum size), written by the job beside its figures (``skipped.csv``);
 - **reliability** — subgroup and quality analyses the reliability layer could not compute, summarised from its

@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retinabench.analysis import FAMILIES, AnalysisContext, analysis_outputs, family_inputs
+from retinabench.analysis import FAMILIES, AnalysisContext
+from retinabench.plan.family_outputs import analysis_outputs, family_inputs
 from retinabench.settings import AnalysisSettings, ConfigError
-from retinabench.workflow_plan import plan
+from retinabench.plan.selection import plan
 
 REPO = Path(__file__).resolve().parents[2]
 ANALYSIS_DEFAULTS = AnalysisSettings().plain()
@@ -150,3 +151,20 @@ def test_each_job_gets_only_what_its_family_reads():
         restored.settings["top_k"]
     assert set(FAMILIES) == {"ranks", "rank_figures", "tables", "cd", "protocol_heatmap", "agreement", "distance",
                              "subsets", "leakage", "top_k", "ft_lp", "fairness", "sensitivity", "lr_transfer"}
+
+
+def test_each_family_is_one_declared_record():
+    """Rule, statistics-and-figure function, inputs and report entries of a family come from its record: the
+    stage registry, the plan's report entries and the function called all follow it."""
+    from retinabench.analysis import families as family_functions
+    from retinabench.analysis.context import Family
+    from retinabench.pipeline import STAGES
+    rules = [f.rule for f in FAMILIES.values()]
+    assert len(set(rules)) == len(rules)
+    for name, family in FAMILIES.items():
+        assert isinstance(family, Family) and family.name == name
+        assert callable(getattr(family_functions, family.function, None)), family.function
+        assert family_functions.family_function(name).__name__ == family.function
+        assert STAGES.get(family.rule).__name__ == f"stage_{name}"
+        keys = [r.key for r in family.report]
+        assert len(set(keys)) == len(keys) and all(k.startswith(("png", "ranking", "appendix")) for k in keys)

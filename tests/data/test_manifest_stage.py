@@ -177,7 +177,7 @@ def test_stage_chain_duplicates_split_task_views_and_cross_dataset_pairs(tvhl_co
     """manifest -> duplicates -> one dataset split -> task views, for two datasets holding the same images."""
     import shutil
     from retinabench.pipeline import Job
-    from retinabench.workflow_plan import dataset_tasks
+    from retinabench.plan.selection import dataset_tasks
     other = tmp_path / "data" / "tvhl2"
     shutil.copytree(tvhl_copy, other)
     results = tmp_path / "results"

@@ -4,7 +4,7 @@ from pathlib import Path
 import yaml
 
 from retinabench.data.derived import harmonised_groups, unsupported_harmonised
-from retinabench.workflow_plan import plan
+from retinabench.plan.selection import plan
 
 REPO = Path(__file__).resolve().parents[2]
 

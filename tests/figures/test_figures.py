@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from retinabench.schemas import write_table
-from retinabench.analysis import FAMILIES, AnalysisContext, analysis_outputs, family_inputs
+from retinabench.analysis import FAMILIES, AnalysisContext
+from retinabench.plan.family_outputs import analysis_outputs, family_inputs
 from retinabench.analysis.families import run_family
-from retinabench.analysis.plan import FAMILY_RULES
 from retinabench.pipeline import Job, run_stage
 from retinabench.settings import AnalysisSettings
 from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metrics, synthetic_registries,
@@ -122,7 +122,7 @@ def test_stage_writes_sidecars_chaining_to_the_metrics_table(study, tmp_path):
     for family in ("ranks", "cd"):
         job = Job(rule=family, input=family_inputs(family, str(results), ctx), output=outputs[family],
                   params={"code": "abc", **ctx.params_for(family)})
-        run_stage(FAMILY_RULES[family][0], job)
+        run_stage(FAMILIES[family].rule, job)
     side = json.loads(Path(outputs["cd"]["png"] + ".prov.json").read_text())
     assert side["rule"] == "cd" and side["inputs"][0]["path"] == outputs["ranks"]["ranks"]
     assert side["config"]["settings"]["alpha"] == 0.05 and side["config"]["code"] == "abc"

@@ -25,7 +25,7 @@ def _loaded(prefix: str) -> str:
 
 
 def test_registries_and_plan_import_nothing_from_models():
-    out = _fresh("import sys\nimport retinabench.registry, retinabench.workflow_plan, retinabench.pipeline.plan\n"
+    out = _fresh("import sys\nimport retinabench.registry, retinabench.plan.selection, retinabench.plan\n"
                  f"print({_loaded('retinabench.models')})")
     assert out == "[]", f"imported: {out}"
 
@@ -33,23 +33,23 @@ def test_registries_and_plan_import_nothing_from_models():
 def _static_closure(modules: list[str], stop: str) -> set[str]:
     """Module names ``modules`` import, transitively, lazy imports included (as the rule code hashes see them);
     modules under ``stop`` are listed but not followed."""
-    from retinabench.workflow_plan import _imports, _module_file
+    from retinabench.hashing import module_file, module_imports
     seen, todo = set(), list(modules)
     while todo:
         name = todo.pop()
-        path = None if name in seen else _module_file(name)
+        path = None if name in seen else module_file(name)
         if path is None:
             continue
         seen.add(name)
         if not name.startswith(stop):
-            todo += _imports(path, name)
+            todo += module_imports(path, name)
     return seen
 
 
 def test_registries_and_plan_name_no_models_module_even_lazily():
-    """Statically, lazy imports included. The plan's path into protocols (pipeline.plan.lora reads LoraSettings
+    """Statically, lazy imports included. The plan's path into protocols (plan.lora reads LoraSettings
     from protocols.lora, which may use models: protocols -> models is the allowed direction) is not followed."""
-    reached = _static_closure(["retinabench.registry", "retinabench.workflow_plan", "retinabench.pipeline.plan"],
+    reached = _static_closure(["retinabench.registry", "retinabench.plan.selection", "retinabench.plan"],
                               stop="retinabench.protocols")
     assert "retinabench.registry.lockfile" in reached
     assert not sorted(m for m in reached if m.startswith("retinabench.models")), reached

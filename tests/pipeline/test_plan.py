@@ -3,8 +3,8 @@ from pathlib import Path
 
 import yaml
 
-from retinabench.pipeline.plan import WorkflowPlan
-from retinabench.pipeline.plan.code import rule_code_files, rule_code_hash
+from retinabench.plan import WorkflowPlan
+from retinabench.plan.code import rule_code_files, rule_code_hash
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "src" / "retinabench"

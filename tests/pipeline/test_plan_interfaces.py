@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retinabench.pipeline.plan import WorkflowPlan
-from retinabench.pipeline.plan.code import rule_code_files
+from retinabench.plan import WorkflowPlan
+from retinabench.plan.code import rule_code_files
 from retinabench.protocols.registry import PROTOCOLS
-from retinabench.workflow_plan import ConfigError
+from retinabench.plan.selection import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retinabench.pipeline.plan import WorkflowPlan
-from retinabench.pipeline.plan.code import rule_code_files
+from retinabench.plan import WorkflowPlan
+from retinabench.plan.code import rule_code_files
 from retinabench.settings import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_missing_base_results_stop_the_start_up_naming_what_to_enable():
 
 
 def test_rule_code_covers_the_lora_modules_and_the_stages_are_registered():
-    from retinabench.pipeline.registry import STAGES
+    from retinabench.pipeline.stages import STAGES
     for rule in ("mllm_lora_train", "mllm_lora_infer", "mllm_lora_deltas"):
         assert rule in STAGES
     train = {f.name for f in rule_code_files("mllm_lora_train")}

@@ -10,8 +10,8 @@ import pytest
 from retinabench.metrics.classification import metrics_table
 from retinabench.analysis.prompts import prompt_sensitivity
 from retinabench.prompts import load_prompts
-from retinabench.protocols.interfaces import (INTERFACES, MLLMSettings, TaskInput, ZeroShotSettings, interface_of,
-                                              selected_entries)
+from retinabench.plan.interface_jobs import selected_entries
+from retinabench.protocols.interfaces import INTERFACES, MLLMSettings, TaskInput, ZeroShotSettings, interface_of
 from retinabench.protocols.mllm import answer_counts
 from retinabench.protocols.zeroshot import ece_difference
 from retinabench.schemas import read_table, write_table

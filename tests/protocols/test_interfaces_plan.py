@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from retinabench.prompts import load_prompts
-from retinabench.protocols.interfaces import INTERFACES, job_resources, plan_jobs
-from retinabench.workflow_plan import plan
+from retinabench.plan.interface_jobs import job_resources, plan_jobs
+from retinabench.protocols.interfaces import INTERFACES
+from retinabench.plan.selection import plan
 
 REPO = Path(__file__).resolve().parents[2]
 

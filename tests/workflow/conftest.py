@@ -117,10 +117,11 @@ def render_run_figures(workdir: Path, dest: Path, *, families=None, reliability=
     from retinabench.data.derived import transfer_groups
     from retinabench.figures.reliability import FIGURES
     from retinabench.figures.style import recording
-    from retinabench.analysis import AnalysisContext, analysis_outputs, family_inputs
+    from retinabench.analysis import AnalysisContext
+    from retinabench.plan.family_outputs import analysis_outputs, family_inputs
     from retinabench.analysis.families import read_input, run_family
     from retinabench.settings import ReliabilitySettings
-    from retinabench.workflow_plan import plan
+    from retinabench.plan.selection import plan
     config = run_config(workdir)
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)

@@ -78,7 +78,7 @@ def table_job(make_manifest_job, root: Path, results: Path, entry: dict):
 def test_fault1_a_changed_input_stops_the_job_naming_file_rule_and_rebuild(tmp_path):
     from retinabench.integrity import ArtifactChanged
     from retinabench.pipeline import Job, run_stage
-    from retinabench.pipeline.registry import STAGES
+    from retinabench.pipeline.stages import STAGES
     parts, _ = sidecar_job(tmp_path, n_parts=3)
     rewrite_keeping_mtime(Path(parts[1]), permute_rows)  # one row: reversing keeps the bytes
     rewrite_keeping_mtime(Path(parts[2]), lambda p: pd.DataFrame({"task": ["x"], "value": [0.9]}).to_parquet(p))
@@ -177,7 +177,7 @@ def test_fault2_every_adapter_refuses_paths_outside_its_root(tmp_path):
 # --- fault 3: two checkouts on one results folder race ---
 
 def lock_record(pid: int, *, host: str | None = None, checkout: str = "/home/other/retinabench") -> dict:
-    """The record another checkout's run writes into <results>/.retinabench.lock (retinabench.pipeline.run_lock)."""
+    """The record another checkout's run writes into <results>/.retinabench.lock (retinabench.plan.run_lock)."""
     from retinabench.atomic import host_name
     return {"host": host or host_name(), "pid": pid, "checkout": checkout, "since": "2025-01-02T03:04:05+00:00",
             "command": "snakemake --profile profiles/local all", "token": "0" * 16, "process_start": None}
@@ -197,7 +197,7 @@ def test_fault3_a_second_run_on_a_locked_results_folder_is_refused_naming_the_ho
     """The lock lives in the results folder, not in a checkout's .snakemake: a run from another checkout on the same
     results folder is refused, with the holder (host, pid, checkout, since) and how to clear a stale lock."""
     from retinabench.atomic import host_name
-    from retinabench.pipeline.run_lock import LOCK_NAME, RunLock, RunLockError, process_start
+    from retinabench.plan.run_lock import LOCK_NAME, RunLock, RunLockError, process_start
     results = tmp_path / "shared_results"
     results.mkdir()
     (results / LOCK_NAME).write_text(json.dumps(lock_record(other_process.pid)))
@@ -241,7 +241,7 @@ def test_fault3_a_second_run_on_a_locked_results_folder_is_refused_naming_the_ho
 
 TAKE_LOCK = textwrap.dedent("""
     import os, sys
-    from retinabench.pipeline.run_lock import RunLock
+    from retinabench.plan.run_lock import RunLock
     RunLock(sys.argv[1]).acquire()
     print("locked", flush=True)
     if sys.argv[2] == "killed":
@@ -251,7 +251,7 @@ TAKE_LOCK = textwrap.dedent("""
 
 
 def test_fault3_the_lock_is_released_at_exit_and_a_killed_runs_lock_is_named_stale(tmp_path):
-    from retinabench.pipeline.run_lock import LOCK_NAME, RunLock, RunLockError
+    from retinabench.plan.run_lock import LOCK_NAME, RunLock, RunLockError
     results = tmp_path / "results"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
     exited = subprocess.run([sys.executable, "-c", TAKE_LOCK, str(results), "exits"], capture_output=True, text=True,
@@ -271,7 +271,7 @@ def test_fault3_snakemake_refuses_a_run_on_a_results_folder_locked_from_another_
     """Through Snakemake: the run stops in onstart before any job (nothing written); `snakemake --unlock` clears the
     lock (the lock taken and released by a run: tests/workflow/test_pipeline.py, on the shared tiny run)."""
     from tests.workflow.conftest import TINY, copy_workflow, snakemake
-    from retinabench.pipeline.run_lock import LOCK_NAME
+    from retinabench.plan.run_lock import LOCK_NAME
     results = tmp_path / "shared_results"
     work = copy_workflow(tmp_path / "checkout_b", dict(TINY, results=str(results)))
     results.mkdir()
@@ -345,7 +345,7 @@ def test_fault3_phantom_raw_data_and_tiny_models_follow_the_results_folder(tmp_p
     """The phantom's raw images and the demo's tiny models are planned under a non-default `results:`; the demo
     registry's weights_path names `{results}`, so the interfaces demo starts there (old: `<repo>/results/raw` and a
     refusal naming `results/tiny_models/...`); every shipped demo config has a results folder of its own."""
-    from retinabench.pipeline.plan import WorkflowPlan
+    from retinabench.plan import WorkflowPlan
     from tests.workflow.conftest import merged
     configs = {n: yaml.safe_load((REPO / f"config/{n}.yaml").read_text())
                for n in ("config", "interfaces_demo", "mllm_demo", "finetune_demo")}
@@ -357,11 +357,11 @@ def test_fault3_phantom_raw_data_and_tiny_models_follow_the_results_folder(tmp_p
     for dataset in ("phantom", "phantom_siteb"):
         assert p.selection.dataset_root(dataset) == f"{results}/raw/{p.reg.dataset(dataset)['root']}"
         assert all(f.startswith(f"{results}/raw/") for f in p.index_files(dataset))
-    assert set(p.interfaces.tiny_models()) == {"tiny_siglip", "tiny_qwen2_vl"}
-    for name in p.interfaces.tiny_models():
-        assert p.reg.encoder(name)["weights_path"] == p.interfaces.tiny_model_folder().format(name=name) == \
+    assert set(p.tiny_models()) == {"tiny_siglip", "tiny_qwen2_vl"}
+    for name in p.tiny_models():
+        assert p.reg.encoder(name)["weights_path"] == p.tiny_model_folder().format(name=name) == \
             f"{results}/tiny_models/{name}"
-    assert p.interfaces.problems() == [] and p.lora.problems() == []
+    assert p.interfaces.problems() == [] and p.lora.problems() == [] and p.tiny_model_problems() == []
     assert p.run_lock.path == Path(results) / ".retinabench.lock"
     folders = {n: c.get("results", configs["config"]["results"]) for n, c in configs.items()}
     assert len(set(folders.values())) == len(folders), folders  # no demo rebuilds another's phantom
@@ -717,7 +717,7 @@ def test_fault7_dataset_whose_only_modality_lost_every_image_fails_its_manifest_
 # --- fault 8: missing inputs go unmentioned ---
 
 def test_fault8_a_missing_raw_folder_is_named_at_start(tmp_path, capsys):
-    from retinabench.pipeline.plan import WorkflowPlan
+    from retinabench.plan import WorkflowPlan
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     config.update(yaml.safe_load((REPO / "config/tvhl.yaml").read_text()))
     config.update(data_root=str(tmp_path / "data"), results=str(tmp_path / "results"))

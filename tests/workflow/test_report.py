@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from retinabench.schemas import read_table, write_table
-from retinabench.analysis import AnalysisContext, analysis_outputs
-from retinabench.workflow_plan import plan
+from retinabench.analysis import AnalysisContext
+from retinabench.plan.family_outputs import analysis_outputs
+from retinabench.plan.selection import plan
 from tests.workflow.conftest import run_config
 
 pytestmark = pytest.mark.slow
@@ -84,8 +85,8 @@ OTHER_CAPTIONS = {"baselines": "1. Ranking", "skipped_analyses": "0. Skipped ana
 
 
 def test_every_caption_file_is_used_by_a_rule():
-    from retinabench.analysis.plan import FAMILY_RULES  # the report entries analysis.smk's rules carry
-    used = {entry[0] for _, spec in FAMILY_RULES.values() for entry in spec.values()}
+    from retinabench.analysis.context import FAMILIES  # the report entries analysis.smk's rules carry
+    used = {r.caption for f in FAMILIES.values() for r in f.report}
     smk = "".join((REPO / f"workflow/rules/{f}.smk").read_text() for f in ("analysis", "reliability"))
     captions = sorted(p.stem for p in REPORT_DIR.glob("*.rst") if p.stem != "workflow")
     assert captions and set(captions) == used | set(OTHER_CAPTIONS), (captions, sorted(used))
@@ -205,13 +206,6 @@ def test_finished_run_plans_nothing(work_copy, run_snakemake):
     assert job_counts(run_snakemake(work_copy, "-n").stdout) == {}
 
 
-RULE_OF = {"ranks": "ranks", "rank_figures": "figure_rank_distribution", "tables": "analysis_tables",
-           "cd": "critical_difference", "protocol_heatmap": "protocol_heatmap", "agreement": "rank_agreement",
-           "distance": "signed_rank_distance", "subsets": "subset_ranks", "leakage": "leakage", "top_k": "top_k",
-           "ft_lp": "ft_lp_gap", "fairness": "fairness", "sensitivity": "lr_sensitivity",
-           "lr_transfer": "lr_transfer"}
-
-
 def analysis_rules(workdir: Path, reading=("metrics", "ranks")) -> set[str]:
     """Rules of the analysis families this config produces that read one of ``reading`` (the fairness family
     reads the reliability layer's subgroup table instead)."""
@@ -219,7 +213,7 @@ def analysis_rules(workdir: Path, reading=("metrics", "ranks")) -> set[str]:
     config = run_config(workdir)
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
-    return {RULE_OF[f] for f in analysis_outputs(ctx, "results") if set(FAMILIES[f].inputs) & set(reading)}
+    return {FAMILIES[f].rule for f in analysis_outputs(ctx, "results") if set(FAMILIES[f].inputs) & set(reading)}
 
 
 def edited_copy(work_copy: Path, dest: Path, analysis_change: dict | None = None) -> Path:

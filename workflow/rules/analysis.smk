@@ -1,6 +1,6 @@
 # Analysis stage: one tidy metrics table -> encoder ranks -> statistics, figures and tables, one job per figure
 # family (never one per task). Which families run is decided from the config alone by
-# retinabench.analysis.plan.analysis_outputs(): a family whose inputs this config does not produce (fewer than
+# retinabench.plan.family_outputs.analysis_outputs(): a family whose inputs this config does not produce (fewer than
 # three encoders for a Friedman test, no augmented linear probe for the FT-LP gap, no sweep, ...) has no rule and
 # no target. Single-protocol analyses run on fine-tuning when it is ranked, else on analysis.fallback_protocol.
 # Figures are report() outputs with a caption (workflow/report/*.rst), grouped by section. Plan: P.analysis.
@@ -11,10 +11,10 @@ rule collect_metrics:
     input:
         metrics=P.metrics_files(),
     output:
-        metrics=f"{R}/metrics.parquet",
-        csv=f"{R}/metrics.csv",
+        metrics=P.path("metrics"),
+        csv=P.path("metrics_csv"),
     log:
-        f"{R}/logs/collect_metrics.log",
+        P.log("collect_metrics"),
     conda:
         CORE_ENV
     script:
@@ -31,7 +31,7 @@ for _family, _rule_name in AN.families():
         output:
             **AN.reported_outputs(_family, report),
         log:
-            f"{R}/logs/analysis/{_family}.log",
+            P.log("analysis", family=_family),
         conda:
             CORE_ENV
         params:
@@ -54,7 +54,7 @@ rule baselines:
             labels={"figure": "baselines", "metric": "all"},
         ),
     log:
-        f"{R}/logs/analysis/baselines.log",
+        P.log("baselines"),
     conda:
         CORE_ENV
     params:
@@ -78,7 +78,7 @@ rule skipped_analyses:
             labels={"figure": "skipped analyses", "metric": "all"},
         ),
     log:
-        f"{R}/logs/analysis/skipped_analyses.log",
+        P.log("skipped_analyses"),
     conda:
         CORE_ENV
     params:

@@ -1,15 +1,15 @@
-# The plan (retinabench.pipeline.plan): what the config selects, every layer's paths, settings, resources and code
+# The plan (retinabench.plan): what the config selects, every layer's paths, settings, resources and code
 # hashes, built once here and asked by every rule file. Start-up checks (fractions, unpinned encoders, devices,
 # class placement and knn.k on built manifests, raw-data changes) stop `snakemake` and `snakemake -n` before any job
 # runs, all listed at once; remote jobs re-read the Snakefile and skip them.
 from snakemake.exceptions import WorkflowError
 
-from retinabench.pipeline.plan import WorkflowPlan
-from retinabench.pipeline.run_lock import RunLockError
-from retinabench.workflow_plan import ConfigError
+from retinabench.plan import WorkflowPlan
+from retinabench.plan.run_lock import RunLockError
+from retinabench.plan.selection import ConfigError
 
 P = WorkflowPlan(config)
-R = P.R
+
 REG = P.reg
 STAGE = "../scripts/stage.py"
 # Conda environments of the rule groups (envs/*.yaml, pinned from requirements.lock by envs/sync.py); used with

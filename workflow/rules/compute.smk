@@ -7,12 +7,11 @@ CMP = P.compute
 
 rule compute_benchmark:
     input:
-        **P.cache_files(P.task_dataset(CMP.task)),
-        split=P.task_split(CMP.task),
+        unpack(CMP.inputs),
     output:
-        table=f"{R}/compute/benchmark/{{encoder}}.parquet",
+        table=P.path("compute_benchmark"),
     log:
-        f"{R}/logs/compute/{{encoder}}.log",
+        P.log("compute_benchmark"),
     wildcard_constraints:
         encoder=CMP.encoder_constraint,
     conda:
@@ -34,11 +33,11 @@ rule compute_benchmark:
 
 rule compute_collect:
     input:
-        tables=[f"{R}/compute/benchmark/{e}.parquet" for e in CMP.encoders],
+        tables=CMP.benchmark_tables(),
     output:
-        table=f"{R}/compute/benchmark.parquet",
+        table=P.path("compute_table"),
     log:
-        f"{R}/logs/compute/collect.log",
+        P.log("compute_collect"),
     conda:
         CORE_ENV
     script:
@@ -47,21 +46,11 @@ rule compute_collect:
 
 rule figure_compute:
     input:
-        table=f"{R}/compute/benchmark.parquet",
+        table=P.path("compute_table"),
     output:
-        **{
-            f: report(
-                f"{R}/figures/compute/{f}.png",
-                caption="../report/appendix/compute.rst",
-                category="8. Saliency and compute",
-                subcategory="Compute",
-                labels={"figure": f.replace("_", " ")},
-            )
-            for f in CMP.figures
-        },
-        **{f"{f}_pdf": f"{R}/figures/compute/{f}.pdf" for f in CMP.figures},
+        **CMP.figure_outputs(report),
     log:
-        f"{R}/logs/figures/compute.log",
+        P.log("figure_compute"),
     conda:
         CORE_ENV
     params:

@@ -6,7 +6,7 @@ rule phantom:
     output:
         metadata=P.phantom_metadata,
     log:
-        f"{R}/logs/phantom/{{generated_root}}.log",
+        P.log("phantom"),
     wildcard_constraints:
         generated_root=P.alternatives_of(P.generated_roots),
     conda:
@@ -23,12 +23,12 @@ rule manifest:
         index=lambda wc: P.index_files(wc.dataset),
         fingerprint=lambda wc: P.raw_fingerprint(wc.dataset, main_process=workflow.is_main_process),
     output:
-        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
-        exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
-        hashes=f"{R}/data/{{dataset}}/image_hashes.parquet",
-        raw_files=f"{R}/data/{{dataset}}/raw_files.parquet",
+        manifest=P.path("manifest"),
+        exclusions=P.path("exclusions"),
+        hashes=P.path("image_hashes"),
+        raw_files=P.path("raw_files"),
     log:
-        f"{R}/logs/manifest/{{dataset}}.log",
+        P.log("manifest"),
     conda:
         CORE_ENV
     threads: 8
@@ -44,12 +44,12 @@ rule manifest:
 
 rule duplicates:
     input:
-        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
-        hashes=f"{R}/data/{{dataset}}/image_hashes.parquet",
+        manifest=P.path("manifest"),
+        hashes=P.path("image_hashes"),
     output:
-        duplicates=f"{R}/data/{{dataset}}/duplicates.parquet",
+        duplicates=P.path("duplicates"),
     log:
-        f"{R}/logs/duplicates/{{dataset}}.log",
+        P.log("duplicates"),
     conda:
         CORE_ENV
     params:
@@ -61,12 +61,12 @@ rule duplicates:
 
 rule split:
     input:
-        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
-        duplicates=f"{R}/data/{{dataset}}/duplicates.parquet",
+        manifest=P.path("manifest"),
+        duplicates=P.path("duplicates"),
     output:
-        split=f"{R}/splits/{{dataset}}.parquet",
+        split=P.path("assignment"),
     log:
-        f"{R}/logs/split/{{dataset}}.log",
+        P.log("split"),
     conda:
         CORE_ENV
     params:
@@ -80,13 +80,13 @@ rule split:
 
 rule task_split:
     input:
-        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
-        exclusions=f"{R}/data/{{dataset}}/exclusions.parquet",
-        assignment=f"{R}/splits/{{dataset}}.parquet",
+        manifest=P.path("manifest"),
+        exclusions=P.path("exclusions"),
+        assignment=P.path("assignment"),
     output:
-        split=f"{R}/splits/{{dataset}}/{{task}}.parquet",
+        split=P.path("task_split"),
     log:
-        f"{R}/logs/split/{{dataset}}/{{task}}.log",
+        P.log("task_split"),
     conda:
         CORE_ENV
     params:
@@ -99,12 +99,12 @@ rule task_split:
 
 rule cross_duplicates:
     input:
-        hashes=[P.data(d, "image_hashes.parquet") for d in P.datasets],
-        splits=[f"{R}/splits/{d}.parquet" for d in P.datasets],
+        hashes=[P.path("image_hashes", dataset=d) for d in P.datasets],
+        splits=[P.path("assignment", dataset=d) for d in P.datasets],
     output:
-        pairs=f"{R}/data/cross_dataset_duplicates.parquet",
+        pairs=P.path("cross_duplicates"),
     log:
-        f"{R}/logs/duplicates/cross_dataset.log",
+        P.log("cross_duplicates"),
     conda:
         CORE_ENV
     params:
@@ -117,11 +117,11 @@ rule cross_duplicates:
 
 rule image_cache:
     input:
-        manifest=f"{R}/data/{{dataset}}/manifest.parquet",
+        manifest=P.path("manifest"),
     output:
         **P.cache_files("{dataset}"),
     log:
-        f"{R}/logs/image_cache/{{dataset}}.log",
+        P.log("image_cache"),
     conda:
         CORE_ENV
     threads: 2

@@ -4,11 +4,11 @@
 
 rule features:
     input:
-        unpack(lambda wc: P.cache_files(wc.dataset)),
+        unpack(P.feature_inputs),
     output:
-        features=f"{R}/features/{{encoder}}/{{dataset}}.parquet",
+        features=P.path("features"),
     log:
-        f"{R}/logs/features/{{encoder}}/{{dataset}}.log",
+        P.log("features"),
     conda:
         TORCH_ENV
     threads: 2

@@ -12,7 +12,7 @@ rule finetune:
     output:
         **FT.outputs(),
     log:
-        f"{R}/logs/finetune/{{protocol}}/{{encoder}}/{{task}}/seed{{seed}}.log",
+        P.log("finetune"),
     wildcard_constraints:
         protocol=FT.protocol_constraint,
         seed=r"\d+",
@@ -38,9 +38,9 @@ rule finetune_predictions:
     input:
         predictions=lambda wc: [FT.path("predictions", wc.protocol, wc.encoder, wc.task, s) for s in FT.seeds],
     output:
-        predictions=f"{R}/predictions/{{protocol}}/{{encoder}}/{{task}}.parquet",
+        predictions=P.path("predictions", source="{protocol}", name="{task}"),
     log:
-        f"{R}/logs/finetune_predictions/{{protocol}}/{{encoder}}/{{task}}.log",
+        P.log("finetune_predictions"),
     wildcard_constraints:
         protocol=FT.protocol_constraint,
     conda:
@@ -53,9 +53,9 @@ rule finetune_compute:
     input:
         compute=FT.compute_files(),
     output:
-        compute=f"{R}/compute/finetune.parquet",
+        compute=P.path("finetune_compute"),
     log:
-        f"{R}/logs/finetune_compute.log",
+        P.log("finetune_compute"),
     conda:
         CORE_ENV
     script:
@@ -64,12 +64,12 @@ rule finetune_compute:
 
 rule sweep_linear:
     input:
-        unpack(lambda wc: P.images_of_task(wc.task)),
+        unpack(FT.sweep_inputs(1)),
     output:
         metrics=FT.sweep_path("{encoder}", "{task}", 1, "metrics"),
         runs=FT.sweep_path("{encoder}", "{task}", 1, "runs"),
     log:
-        f"{R}/logs/sweep/{{encoder}}/{{task}}/stage1.log",
+        P.log("sweep_linear"),
     conda:
         TORCH_ENV
     threads: FT.threads
@@ -91,12 +91,12 @@ rule sweep_linear:
 
 rule sweep_finetune:
     input:
-        unpack(lambda wc: {**P.images_of_task(wc.task), "stage1": FT.sweep_path(wc.encoder, wc.task, 1, "runs")}),
+        unpack(FT.sweep_inputs(2)),
     output:
         metrics=FT.sweep_path("{encoder}", "{task}", 2, "metrics"),
         runs=FT.sweep_path("{encoder}", "{task}", 2, "runs"),
     log:
-        f"{R}/logs/sweep/{{encoder}}/{{task}}/stage2.log",
+        P.log("sweep_finetune"),
     conda:
         TORCH_ENV
     threads: FT.threads
@@ -121,9 +121,9 @@ rule sweep_choose:
         stage1=lambda wc: FT.sweep_path(wc.encoder, FT.sweep_task, 1, "runs"),
         stage2=lambda wc: FT.sweep_path(wc.encoder, FT.sweep_task, 2, "runs"),
     output:
-        chosen=f"{R}/sweep/{{encoder}}/chosen.json",
+        chosen=P.path("sweep_chosen"),
     log:
-        f"{R}/logs/sweep/{{encoder}}/choose.log",
+        P.log("sweep_choose"),
     conda:
         TORCH_ENV
     params:
@@ -138,9 +138,9 @@ rule sweep_sensitivity:
         metrics=lambda wc: FT.sweep_stage_files(wc.encoder, "metrics"),
         runs=lambda wc: FT.sweep_stage_files(wc.encoder, "runs"),
     output:
-        sensitivity=f"{R}/sweep/{{encoder}}/sensitivity.parquet",
+        sensitivity=P.path("sweep_sensitivity"),
     log:
-        f"{R}/logs/sweep/{{encoder}}/sensitivity.log",
+        P.log("sweep_sensitivity"),
     conda:
         TORCH_ENV
     params:
@@ -152,12 +152,12 @@ rule sweep_sensitivity:
 rule sweep_collect:
     input:
         metrics=[f for e in FT.encoders for f in FT.sweep_stage_files(e, "metrics")],
-        sensitivity=[f"{R}/sweep/{e}/sensitivity.parquet" for e in FT.encoders] if FT.sweep_on else [],
+        sensitivity=[P.path("sweep_sensitivity", encoder=e) for e in FT.encoders] if FT.sweep_on else [],
     output:
-        metrics=f"{R}/sweep/lr_sweep_metrics.parquet",
-        sensitivity=f"{R}/sweep/lr_sensitivity.parquet",
+        metrics=P.path("lr_sweep_metrics"),
+        sensitivity=P.path("lr_sensitivity"),
     log:
-        f"{R}/logs/sweep/collect.log",
+        P.log("sweep_collect"),
     conda:
         CORE_ENV
     script:

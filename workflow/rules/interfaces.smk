@@ -1,6 +1,6 @@
 # Prompt-based protocols (retinabench.protocols.registry kind `prompts`): CLIP-like zero-shot (protocols zeroshot,
 # zeroshot_focus) and MLLM yes/no prompting (mllm, mllm_renorm). One GPU job per (registry entry, task set) per
-# enabled interface (config `zeroshot:` / `mllm:`); the plan is retinabench.pipeline.plan.interfaces.
+# enabled interface (config `zeroshot:` / `mllm:`); the plan is retinabench.plan.interfaces.
 
 IFP = P.interfaces
 
@@ -11,7 +11,7 @@ rule zeroshot:
     output:
         **IFP.outputs("zeroshot"),
     log:
-        f"{R}/logs/zeroshot/{{encoder}}/{{task_set}}.log",
+        P.log("zeroshot"),
     conda:
         TORCH_ENV
     threads: 2
@@ -32,7 +32,7 @@ rule mllm:
     output:
         **IFP.outputs("mllm"),
     log:
-        f"{R}/logs/mllm/{{encoder}}/{{task_set}}.log",
+        P.log("mllm"),
     conda:
         MLLM_ENV
     threads: 2
@@ -53,7 +53,7 @@ rule interface_tables:
     output:
         **IFP.tables(),
     log:
-        f"{R}/logs/interfaces/tables.log",
+        P.log("interface_tables"),
     conda:
         CORE_ENV
     threads: 1
@@ -68,16 +68,16 @@ rule interface_tables:
 # folder their sha256 pins describe.
 rule tiny_model:
     output:
-        folder=directory(IFP.tiny_model_folder()),
+        folder=directory(P.tiny_model_folder()),
     log:
-        f"{R}/logs/tiny_models/{{name}}.log",
+        P.log("tiny_model"),
     wildcard_constraints:
-        name=IFP.tiny_model_constraint(),
+        name=P.tiny_model_constraint(),
     conda:
         TORCH_ENV
     threads: 1
     params:
         code=P.code("tiny_model"),
-        build=IFP.tiny_model_params,
+        build=P.tiny_model_params,
     script:
         STAGE

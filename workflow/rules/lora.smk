@@ -1,6 +1,6 @@
 # LoRA SFT of MLLMs (config `lora:`): one training job per (MLLM, source task) with `lora.gpus` GPUs (one process
 # per GPU through torchrun), one inference job per adapter on its in- and out-of-domain test tasks (1 GPU), and
-# the adapter - base paired deltas (FOCUS Table 5). Plan: retinabench.pipeline.plan.lora; stages:
+# the adapter - base paired deltas (FOCUS Table 5). Plan: retinabench.plan.lora; stages:
 # retinabench.pipeline.lora. A training job's checkpoints (results/lora/<encoder>/<task>/checkpoints) are not an
 # output: Snakemake leaves them when it cleans a killed job's outputs, and the rerun resumes from them.
 
@@ -15,7 +15,7 @@ rule mllm_lora_train:
         train_log=LP.train_outputs()["train_log"],
         compute=LP.train_outputs()["compute"],
     log:
-        f"{R}/logs/mllm_lora_train/{{encoder}}/{{task}}.log",
+        P.log("mllm_lora_train"),
     wildcard_constraints:
         encoder=LP.constraint_encoders,
         task=LP.constraint_tasks,
@@ -39,7 +39,7 @@ rule mllm_lora_infer:
     output:
         **LP.infer_outputs(),
     log:
-        f"{R}/logs/mllm_lora_infer/{{encoder}}/{{task}}.log",
+        P.log("mllm_lora_infer"),
     wildcard_constraints:
         encoder=LP.constraint_encoders,
         task=LP.constraint_tasks,
@@ -79,7 +79,7 @@ rule mllm_lora_deltas:
         ),
         figure_pdf=LP.delta_outputs()["figure_pdf"],
     log:
-        f"{R}/logs/mllm_lora_deltas.log",
+        P.log("mllm_lora_deltas"),
     conda:
         CORE_ENV
     threads: 1

@@ -7,11 +7,11 @@ rule frozen:
         features=lambda wc: P.features(wc.encoder, P.task_dataset(wc.task)),
         split=lambda wc: P.task_split(wc.task),
     output:
-        predictions=f"{R}/predictions/frozen/{{encoder}}/{{task}}.parquet",
-        log=f"{R}/training_logs/frozen/{{encoder}}/{{task}}.parquet",
-        metrics=f"{R}/metrics/frozen/{{encoder}}/{{task}}.parquet",
+        predictions=P.path("predictions", source="frozen", name="{task}"),
+        log=P.path("training_log", source="frozen", name="{task}"),
+        metrics=P.path("job_metrics", source="frozen", name="{task}"),
     log:
-        f"{R}/logs/frozen/{{encoder}}/{{task}}.log",
+        P.log("frozen"),
     conda:
         TORCH_ENV
     threads: 1

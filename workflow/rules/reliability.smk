@@ -10,9 +10,9 @@ rule transfer:
         features=lambda wc: [P.features(wc.encoder, d) for d in REL.datasets_of("transfer", wc.group)],
         splits=lambda wc: [P.task_split(t) for t in REL.transfer_groups[wc.group]],
     output:
-        predictions=f"{R}/predictions/transfer/{{encoder}}/{{group}}.parquet",
+        predictions=P.path("predictions", source="transfer", name="{group}"),
     log:
-        f"{R}/logs/transfer/{{encoder}}/{{group}}.log",
+        P.log("transfer"),
     wildcard_constraints:
         group=REL.group_constraint,
     conda:
@@ -36,7 +36,7 @@ rule reliability:
     output:
         **REL.job_outputs(),
     log:
-        f"{R}/logs/reliability/{{source}}/{{encoder}}/{{name}}.log",
+        P.log("reliability"),
     wildcard_constraints:
         source="[a-z][a-z0-9_]*",
     conda:
@@ -57,11 +57,9 @@ rule reliability_collect:
     input:
         **{k: REL.job_tables(k) for k in REL.kinds},
     output:
-        **REL.collected(),
-        subgroup_metrics=f"{REL.root}/subgroup_metrics.parquet",
-        scores=f"{REL.root}/summary_scores.parquet",
+        **REL.collect_outputs(),
     log:
-        f"{R}/logs/reliability/collect.log",
+        P.log("reliability_collect"),
     conda:
         CORE_ENV
     params:
@@ -76,12 +74,11 @@ rule reliability_collect:
 rule reliability_paired:
     input:
         predictions=[p for paths in REL.paired_sources().values() for p in paths],
-        manifests=[P.data(d, "manifest.parquet") for d in P.datasets],
+        manifests=[P.path("manifest", dataset=d) for d in P.datasets],
     output:
-        comparisons=f"{REL.root}/paired_comparisons.parquet",
-        domains=f"{REL.root}/paired_domains.parquet",
+        **REL.paired_outputs(),
     log:
-        f"{R}/logs/reliability/paired.log",
+        P.log("reliability_paired"),
     conda:
         CORE_ENV
     params:
@@ -96,10 +93,10 @@ rule reliability_paired:
 
 rule reliability_figure:
     input:
-        unpack(lambda wc: {k: f"{REL.root}/{k}.parquet" for k in REL.figures[wc.figure][1]}),
+        unpack(REL.figure_inputs),
     output:
         dir=report(
-            directory(f"{R}/figures/reliability/{{figure}}"),
+            directory(P.path("reliability_figure")),
             patterns=["{panel}.png"],
             caption="../report/reliability_figure.rst",
             category=REL.report_section,
@@ -107,7 +104,7 @@ rule reliability_figure:
             labels={"figure": "{figure}", "panel": "{panel}"},
         ),
     log:
-        f"{R}/logs/figures/reliability/{{figure}}.log",
+        P.log("reliability_figure"),
     wildcard_constraints:
         figure=REL.figure_constraint,
     conda:

@@ -23,10 +23,10 @@ rule saliency:
     input:
         unpack(SAL.inputs),
     output:
-        table=f"{R}/saliency/{{encoder}}/{{task}}.parquet",
-        maps=f"{R}/saliency/{{encoder}}/{{task}}.npz",
+        table=P.path("saliency", ext="parquet"),
+        maps=P.path("saliency", ext="npz"),
     log:
-        f"{R}/logs/saliency/{{encoder}}/{{task}}.log",
+        P.log("saliency"),
     wildcard_constraints:
         encoder=SAL.constraints["encoder"],
         task=SAL.constraints["task"],
@@ -49,19 +49,18 @@ rule saliency:
 
 rule figure_saliency:
     input:
-        tables=lambda wc: [f"{R}/saliency/{e}/{wc.task}.parquet" for e in SAL.encoders],
-        maps=lambda wc: [f"{R}/saliency/{e}/{wc.task}.npz" for e in SAL.encoders],
+        unpack(SAL.figure_inputs),
     output:
         png=report(
-            f"{R}/figures/saliency/{{task}}.png",
+            P.path("saliency_figure", ext="png"),
             caption="../report/appendix/saliency.rst",
             category="8. Saliency and compute",
             subcategory="Saliency",
             labels={"figure": "saliency", "task": "{task}"},
         ),
-        pdf=f"{R}/figures/saliency/{{task}}.pdf",
+        pdf=P.path("saliency_figure", ext="pdf"),
     log:
-        f"{R}/logs/figures/saliency/{{task}}.log",
+        P.log("figure_saliency"),
     wildcard_constraints:
         task=SAL.constraints["task"],
     conda:

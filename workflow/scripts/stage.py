@@ -1,5 +1,5 @@
 """Snakemake `script:` entry: turn the rule's job into a plain Job and call the stage registered under the rule's name
-(retinabench.pipeline.registry)."""
+(retinabench.pipeline.stages)."""
 import contextlib
 import importlib.util
 import sys

@@ -10,14 +10,13 @@ diagrams, the subset / leakage / top-k / fairness analyses is full fine-tuning (
 when the config ranks it (it covers every encoder, task and regime), otherwise ``analysis.fallback_protocol``;
 titles and tables name it and, for a fallback, why (:func:`choose_headline`). The FT − LP gap compares fine-tuning
 with the paper's linear probe ``linear_aug`` (frozen encoder, same trainer, augmentations, swept lr). The fairness
-family reads the reliability layer's subgroup table (``reliability/subgroup_metrics.parquet``) by default. :func:`analysis_outputs` decides, from the configuration alone, which families
-this config can produce and their output paths; the Snakemake rules, the benchmark and the tests all use it.
-Modules: :mod:`.context` (what the analysis reads from the config and registries), :mod:`.plan` (which families
-this config produces, their paths and rules), :mod:`.families` (each family a plain function ``family_x(inputs,
+family reads the reliability layer's subgroup table (``reliability/subgroup_metrics.parquet``) by default. Which
+families this config can produce and their output paths is the plan's decision
+(:func:`retinabench.plan.family_outputs.analysis_outputs`); the Snakemake rules, the benchmark and the tests all use it.
+Modules: :mod:`.context` (what the analysis reads from the config and registries), :mod:`.families`
+(each family a plain function ``family_x(inputs,
 ctx, out)``, DataFrames in, files out). The stages are in retinabench.pipeline.analysis.
 """
 from retinabench.analysis.context import FAMILIES, AnalysisContext, Family, choose_headline
-from retinabench.analysis.plan import analysis_outputs, family_inputs, targets
 
-__all__ = ["FAMILIES", "AnalysisContext", "Family", "analysis_outputs", "choose_headline",
-           "family_inputs", "targets"]
+__all__ = ["FAMILIES", "AnalysisContext", "Family", "choose_headline"]

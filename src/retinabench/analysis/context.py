@@ -1,5 +1,6 @@
 """What the analysis reads from the config and the registries: :class:`AnalysisContext`, the analysis protocol
-(:func:`choose_headline`), and the family table (:data:`FAMILIES`: inputs, fields, settings of each family)."""
+(:func:`choose_headline`), and the family table (:data:`FAMILIES`: each family one declared record: rule, inputs,
+fields, settings, statistics-and-figure function, report entries)."""
 from __future__ import annotations
 
 import copy
@@ -8,6 +9,7 @@ from typing import Any
 
 from retinabench.settings.finetune import FinetuneSettings, SweepSettings
 from retinabench.settings.reliability import AnalysisSettings
+from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVITY, SUBSETS
 
 ENCODER_FIELDS = ("domain", "method", "exposure", "params_m", "size_class")
 # The reliability layer's per-group metrics in the analysis format (workflow/rules/reliability.smk, rule
@@ -204,39 +206,87 @@ def _canonical(value):
     return value
 
 
-@dataclass
+@dataclass(frozen=True)
+class Report:
+    """One output of a family shown in the report: its output key (``png`` also labels ``png_<metric>`` pages),
+    caption (workflow/report/<caption>.rst; also its name in retinabench.skipped.SECTIONS), section and
+    subcategory."""
+
+    key: str
+    caption: str
+    section: str
+    subcategory: str
+
+
+@dataclass(frozen=True)
 class Family:
+    """One analysis family, declared once: its name, Snakemake rule, the tables it reads, what of the registries
+    and the config its job receives, the function that computes its statistics and draws its figures
+    (``analysis.families.<function>``) and its report entries. The outputs and when the family is skipped are
+    decided from the config by retinabench.plan.family_outputs.analysis_outputs."""
+
+    name: str
+    rule: str
+    function: str                           # in retinabench.analysis.families
     inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep | lr_grid | baselines
     encoder_fields: tuple[str, ...] = ()
     task_fields: tuple[str, ...] = ()
     datasets: bool = False
     context: tuple[str, ...] = ()           # AnalysisContext attributes: protocols, regimes, ranking
     settings: tuple[str, ...] = ()
+    report: tuple[Report, ...] = ()
+
+    @property
+    def report_entries(self) -> dict[str, tuple[str, str, str]]:
+        """{output key: (caption, section, subcategory)}."""
+        return {r.key: (r.caption, r.section, r.subcategory) for r in self.report}
 
 
-FAMILIES: dict[str, Family] = {
-    "ranks": Family(("metrics",), context=("ranking",), settings=("alternative_metrics", "split")),
-    "rank_figures": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
-                           settings=("alternative_metrics",)),
-    "tables": Family(("metrics", "ranks", "baselines"), context=("ranking",),
-                     settings=("alternative_metrics", "split")),
-    "cd": Family(("ranks",), ("domain",), context=("ranking", "protocols", "headline"),
-                 settings=("alternative_metrics", "alpha")),
-    "protocol_heatmap": Family(("ranks",), ("domain",), context=("ranking", "protocols", "regimes")),
-    "agreement": Family(("ranks",), context=("ranking", "protocols", "regimes"), settings=("alpha",)),
-    "distance": Family(("ranks",), ("domain", "method"), ("modality", "family"),
-                       context=("ranking", "protocols", "headline"), settings=("alpha", "subsets")),
-    "subsets": Family(("ranks",), ("domain",), ("modality", "family"), context=("ranking", "protocols", "headline"),
-                      settings=("subsets",)),
-    "leakage": Family(("ranks",), ("domain", "exposure"), ("dataset",), True, ("ranking", "protocols", "headline")),
-    "top_k": Family(("ranks",), ("domain", "exposure"), ("dataset", "modality"), True,
-                    ("ranking", "protocols", "headline"), ("top_k", "subsets")),
-    "ft_lp": Family(("metrics",), ("domain", "params_m"), context=("ranking", "ft_protocols"),
-                    settings=("split", "finetune_protocol", "linear_protocol")),
-    "fairness": Family(("subgroups",), ("domain",), context=("ranking", "protocols", "headline"),
-                       settings=("split", "subgroup_pairs")),
-    "sensitivity": Family(("lr_sweep", "ranks"), ("domain", "method", "size_class"),
-                          context=("ranking", "protocols", "sweep_tasks"), settings=("alpha", "lr_reference")),
-    "lr_transfer": Family(("lr_grid", "lr_sweep", "baselines"), ("domain", "size_class"),
-                          context=("ranking", "sweep_tasks")),
-}
+_R = ("ranking",)
+_RPH = ("ranking", "protocols", "headline")
+# The families in report order (retinabench.skipped.SECTIONS names the sections).
+_TABLE = (
+    Family("ranks", "ranks", "family_ranks", ("metrics",), context=_R, settings=("alternative_metrics", "split")),
+    Family("rank_figures", "figure_rank_distribution", "family_rank_figures", ("ranks",), ("domain",), context=_RPH,
+           settings=("alternative_metrics",),
+           report=(Report("png", "rank_distribution", RANKING, "Rank distributions"),)),
+    Family("tables", "analysis_tables", "family_tables", ("metrics", "ranks", "baselines"), context=_R,
+           settings=("alternative_metrics", "split"),
+           report=(Report("ranking_csv", "ranking_table", RANKING, "Tables"),
+                   Report("appendix_csv", "appendix_table", RANKING, "Tables"))),
+    Family("cd", "critical_difference", "family_cd", ("ranks",), ("domain",), context=_RPH,
+           settings=("alternative_metrics", "alpha"),
+           report=(Report("png", "cd_diagram", RANKING, "Critical difference"),)),
+    Family("protocol_heatmap", "protocol_heatmap", "family_protocol_heatmap", ("ranks",), ("domain",),
+           context=("ranking", "protocols", "regimes"),
+           report=(Report("png", "protocol_rank_heatmap", PROTOCOLS, "Mean rank per protocol"),)),
+    Family("agreement", "rank_agreement", "family_agreement", ("ranks",), context=("ranking", "protocols", "regimes"),
+           settings=("alpha",),
+           report=(Report("png_protocols", "spearman_protocols", PROTOCOLS, "Spearman correlation"),
+                   Report("png_regimes", "spearman_regimes", PROTOCOLS, "Spearman correlation"))),
+    Family("distance", "signed_rank_distance", "family_distance", ("ranks",), ("domain", "method"),
+           ("modality", "family"), context=_RPH, settings=("alpha", "subsets"),
+           report=(Report("png_protocols", "srd_protocols", PROTOCOLS, "Signed rank distance"),
+                   Report("png_subsets", "srd_subsets", SUBSETS, "Signed rank distance"))),
+    Family("ft_lp", "ft_lp_gap", "family_ft_lp", ("metrics",), ("domain", "params_m"),
+           context=("ranking", "ft_protocols"), settings=("split", "finetune_protocol", "linear_protocol"),
+           report=(Report("png", "ft_lp_gap", PROTOCOLS, "Fine-tuning vs linear probe"),)),
+    Family("subsets", "subset_ranks", "family_subsets", ("ranks",), ("domain",), ("modality", "family"), context=_RPH,
+           settings=("subsets",), report=(Report("png", "subset_ranks", SUBSETS, "Mean rank by subset"),)),
+    Family("leakage", "leakage", "family_leakage", ("ranks",), ("domain", "exposure"), ("dataset",), True, _RPH,
+           report=(Report("png", "leakage_rank_change", LEAKAGE, "Rank change"),)),
+    Family("top_k", "top_k", "family_top_k", ("ranks",), ("domain", "exposure"), ("dataset", "modality"), True,
+           _RPH, ("top_k", "subsets"), report=(Report("png", "top_k", LEAKAGE, "Top encoders"),)),
+    Family("fairness", "fairness", "family_fairness", ("subgroups",), ("domain",), context=_RPH,
+           settings=("split", "subgroup_pairs"), report=(Report("png", "subgroup_accuracy", FAIRNESS, "Subgroups"),)),
+    Family("sensitivity", "lr_sensitivity", "family_sensitivity", ("lr_sweep", "ranks"),
+           ("domain", "method", "size_class"), context=("ranking", "protocols", "sweep_tasks"),
+           settings=("alpha", "lr_reference"),
+           report=(Report("png", "lr_sensitivity", SENSITIVITY, "Learning rate"),
+                   Report("png_srd", "srd_lr", SENSITIVITY, "Learning rate"))),
+    Family("lr_transfer", "lr_transfer", "family_lr_transfer", ("lr_grid", "lr_sweep", "baselines"),
+           ("domain", "size_class"), context=("ranking", "sweep_tasks"),
+           report=(Report("png", "lr_transfer", SENSITIVITY, "Learning rate"),)),
+)
+FAMILIES: dict[str, Family] = {f.name: f for f in _TABLE}
+

@@ -1,5 +1,5 @@
 """The analysis families: plain functions ``family_x(inputs, ctx, out)``, DataFrames in, files out (``out``: the
-paths :func:`retinabench.analysis.plan.analysis_outputs` gives the family). Every file is written atomically
+paths :func:`retinabench.plan.family_outputs.analysis_outputs` gives the family). Every file is written atomically
 (retinabench.atomic; figures through retinabench.figures.style.save)."""
 from __future__ import annotations
 
@@ -316,14 +316,6 @@ def family_lr_transfer(inputs: dict, ctx: AnalysisContext, out: dict) -> list[st
                                       f"grid, sweep task {tasks['sweep']} vs {tasks['check']} (regime {ctx.regime})")]
 
 
-FAMILY_FUNCTIONS: dict[str, Callable[[dict, AnalysisContext, dict], list[str]]] = {
-    "ranks": family_ranks, "rank_figures": family_rank_figures, "tables": family_tables, "cd": family_cd,
-    "protocol_heatmap": family_protocol_heatmap, "agreement": family_agreement, "distance": family_distance,
-    "subsets": family_subsets, "leakage": family_leakage, "top_k": family_top_k, "ft_lp": family_ft_lp,
-    "fairness": family_fairness, "sensitivity": family_sensitivity, "lr_transfer": family_lr_transfer,
-}
-
-
 def read_input(kind: str, path: str) -> pd.DataFrame:
     from retinabench.schemas import read_table
     if kind == "metrics":
@@ -349,16 +341,21 @@ def read_input(kind: str, path: str) -> pd.DataFrame:
     raise KeyError(f"unknown analysis input kind {kind!r}")
 
 
+def family_function(family: str) -> Callable[[dict, AnalysisContext, dict], list[str]]:
+    """The function of a family's record (FAMILIES[family].function), defined in this module."""
+    return globals()[FAMILIES[family].function]
+
+
 def run_family(family: str, inputs: dict[str, pd.DataFrame], ctx: AnalysisContext, out: dict[str, str]) -> list[str]:
     """Run one family on in-memory tables; returns the files written (each must be one of ``out``'s paths)."""
-    if family not in FAMILY_FUNCTIONS:
-        raise KeyError(f"unknown analysis family {family!r}; known: {sorted(FAMILY_FUNCTIONS)}")
+    if family not in FAMILIES:
+        raise KeyError(f"unknown analysis family {family!r}; known: {sorted(FAMILIES)}")
     missing = [k for k in FAMILIES[family].inputs if k not in inputs]
     if missing:
         raise KeyError(f"analysis family {family!r} needs input(s) {missing}")
     from retinabench.progress import Progress
     bar = Progress(1, f"analysis {family}", unit="family")
-    written = FAMILY_FUNCTIONS[family](inputs, ctx, out)
+    written = family_function(family)(inputs, ctx, out)
     bar.update(note=f"{len(written)} files: {', '.join(Path(p).name for p in written)}")
     unexpected = sorted(set(written) - set(out.values()))
     if unexpected:

@@ -3,7 +3,7 @@ every task in each of the three splits (a class needs at least as many patient g
 kNN's ``k`` against the size of each task's training split (full and balanced, as the regimes train on them).
 
 One home for these checks: ``retinabench datasets --check`` runs them on the adapter's rows (before hashing) and
-the workflow's start-up checks (:func:`retinabench.workflow_plan.data_problems`) on built manifests; both compute
+the workflow's start-up checks (:func:`retinabench.plan.selection.data_problems`) on built manifests; both compute
 the split with the functions the split jobs use (:mod:`retinabench.data.splits`).
 """
 from __future__ import annotations

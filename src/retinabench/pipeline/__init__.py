@@ -2,16 +2,17 @@
 
 * :mod:`~retinabench.pipeline.job` — :class:`Job` (a rule's job as plain data) and :func:`write_outputs` (the one
   writer: atomic, a provenance sidecar beside every artifact);
-* :mod:`~retinabench.pipeline.registry` — stages keyed by rule name, duplicates refused;
+* :mod:`~retinabench.pipeline.stages` — stages keyed by rule name, duplicates refused;
 * one module per ``workflow/rules/*.smk`` file holding that file's stages: ``data``, ``features``, ``probes``,
   ``finetune``, ``reliability``, ``analysis``, ``saliency``, ``compute``;
-* :mod:`~retinabench.pipeline.plan` — the torch-free planner: every layer's targets, paths and settings.
-* :mod:`~retinabench.pipeline.run_lock` — one writer per results folder (the Snakefile's onstart takes it).
+
+The plan (which jobs, every path, settings, resources) is :mod:`retinabench.plan`, which the stages may import and
+which never imports this package.
 """
 import os
 
 from retinabench.pipeline.job import Job, write_outputs
-from retinabench.pipeline.registry import STAGES, stage
+from retinabench.pipeline.stages import STAGES, stage
 
 # Set to 1, a job uses its inputs without checking them against their sidecars, and says so in its log: only for
 # measuring what verification costs (bench/verify_overhead.py), never for a run whose results are used.

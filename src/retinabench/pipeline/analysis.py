@@ -1,5 +1,6 @@
 """Stages of workflow/rules/analysis.smk: the tidy metrics table, then one stage per analysis family, registered
-under the family's rule name (retinabench.analysis.plan.FAMILY_RULES; retinabench.analysis does the work)."""
+under the family's rule name (its record in retinabench.analysis.context.FAMILIES; retinabench.analysis does the
+work)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -7,10 +8,9 @@ from typing import Callable
 import pandas as pd
 
 from retinabench.analysis.context import FAMILIES, AnalysisContext
-from retinabench.analysis.families import FAMILY_FUNCTIONS, read_input, run_family
-from retinabench.analysis.plan import FAMILY_RULES
+from retinabench.analysis.families import read_input, run_family
 from retinabench.pipeline.job import Job, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 from retinabench.schemas import read_table
 
 
@@ -30,12 +30,12 @@ def family_stage(family: str) -> Callable[[Job], None]:
         registry = {k: job.params[k] for k in ("encoders", "tasks", "datasets") if k in job.params}
         write_outputs(job, written=written, config=config, extra={"family": family, "registry_fields": registry})
     run.__name__ = run.__qualname__ = f"stage_{family}"
-    run.__doc__ = f"The {family!r} analysis family (retinabench.analysis.families.FAMILY_FUNCTIONS)."
+    run.__doc__ = f"The {family!r} analysis family (retinabench.analysis.context.FAMILIES)."
     return run
 
 
-for _family in FAMILY_FUNCTIONS:
-    stage(FAMILY_RULES[_family][0])(family_stage(_family))
+for _family in FAMILIES.values():
+    stage(_family.rule)(family_stage(_family.name))
 
 
 @stage("baselines")

@@ -8,7 +8,7 @@ import pandas as pd
 
 from retinabench.pipeline.finetune import _load_data
 from retinabench.pipeline.job import Job, write_artifact, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 
 
 def compute_rows(split: pd.DataFrame, index: pd.DataFrame, n_images: int | None):

@@ -8,7 +8,7 @@ import pandas as pd
 
 from retinabench.data.reports import exclusion_lines, exclusion_summary, manifest_report
 from retinabench.pipeline.job import Job, announce, write_artifact, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 from retinabench.schemas import read_table
 from retinabench.settings.data import ImagesSettings, PhantomSettings, SplitSettings
 

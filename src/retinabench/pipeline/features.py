@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from retinabench.pipeline.job import Job, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 
 
 @stage("features")

@@ -19,7 +19,7 @@ import pandas as pd
 
 from retinabench.atomic import write_text_atomic
 from retinabench.pipeline.job import Job, write_artifact, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 from retinabench.schemas import read_table
 
 

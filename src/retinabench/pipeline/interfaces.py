@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from retinabench.pipeline.job import Job, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 
 
 def task_inputs(job: Job) -> list:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from retinabench.pipeline.job import Job, announce, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 
 
 def training_spec(job: Job) -> dict:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from retinabench.pipeline.job import write_artifact, write_outputs
-from retinabench.pipeline.registry import stage
+from retinabench.pipeline.stages import stage
 from retinabench.reliability import (KINDS, analysis_subgroup_metrics, evaluate_predictions, harmonised_coverage,
                                      paired_comparisons, prepare_predictions, summary_scores)
 from retinabench.settings.reliability import ReliabilitySettings

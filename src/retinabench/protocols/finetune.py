@@ -93,7 +93,7 @@ def _rows(split: pd.DataFrame, id_to_row: dict, part: str, balanced: bool) -> tu
 
 
 def run_fingerprint(**parts) -> str:
-    from retinabench.workflow_plan import package_code_hash
+    from retinabench.hashing import package_code_hash
     parts["code"] = package_code_hash("protocols", "data/image_dataset.py", "models")
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()

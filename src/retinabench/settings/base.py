@@ -29,7 +29,7 @@ BOOTSTRAP_UNITS = ("patient", "image")
 BootstrapUnit = Literal["patient", "image"]
 Precision = Literal["auto", "bf16", "fp32"]
 # A torch device name; whether it exists where the jobs run is checked at start-up
-# (retinabench.workflow_plan.device_problems).
+# (retinabench.plan.selection.device_problems).
 DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:(\d+))?)$"
 
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 import os
 import sys
 
-from retinabench.pipeline.plan.analysis import AnalysisPlan
-from retinabench.pipeline.plan.core import CorePlan, alternatives, intended_executor
-from retinabench.pipeline.plan.finetune import FinetunePlan
-from retinabench.pipeline.plan.interfaces import InterfacesPlan
-from retinabench.pipeline.plan.lora import LoraPlan
-from retinabench.pipeline.plan.reliability import ReliabilityPlan
-from retinabench.pipeline.plan.saliency import ComputePlan, SaliencyPlan
-from retinabench.workflow_plan import ConfigError, check_config
+from retinabench.plan.analysis import AnalysisPlan
+from retinabench.plan.core import CorePlan, alternatives, intended_executor
+from retinabench.plan.finetune import FinetunePlan
+from retinabench.plan.interfaces import InterfacesPlan
+from retinabench.plan.lora import LoraPlan
+from retinabench.plan.reliability import ReliabilityPlan
+from retinabench.plan.compute import ComputePlan
+from retinabench.plan.saliency import SaliencyPlan
+from retinabench.plan.selection import ConfigError, check_config
 
 
 class WorkflowPlan(CorePlan):
@@ -32,9 +33,19 @@ class WorkflowPlan(CorePlan):
         self.saliency = SaliencyPlan(self, self.finetune)
         self.compute = ComputePlan(self, self.finetune)
         from retinabench.data.raw_state import RawState
-        self.raw_states = {d: RawState(self.selection.dataset_root(d), f"{self.R}/data/{d}") for d in self.datasets
+        self.raw_states = {d: RawState(self.selection.dataset_root(d), self.path("dataset_folder", dataset=d)) for d in self.datasets
                            if not self.reg.dataset(d).get("generated")}
         self._refreshed: set[str] = set()
+
+    @property
+    def weight_entries(self) -> list[str]:
+        """Every encoder entry a job loads: the config's encoders, fine-tuning's, the compute benchmark's, the
+        interfaces' and LoRA's (rule tiny_model builds those of a demo registry)."""
+        names = list(self.encoders)
+        names += self.finetune.encoders if self.finetune.on else []
+        names += self.compute.encoders if self.compute.on else []
+        names += self.interfaces.encoders() + [e for e, _ in self.lora.jobs]
+        return list(dict.fromkeys(names))
 
     # -- what downstream layers read -----------------------------------------------------------------------
     def prediction_files(self) -> dict[str, str]:
@@ -62,8 +73,8 @@ class WorkflowPlan(CorePlan):
         """Target rule `interfaces`: the prompt-based protocols alone (their jobs, tables and per-job reliability
         tables), without the features / probes / analysis of `all` (config/interfaces_demo.yaml runs this)."""
         keys = self.interfaces.prediction_files()
-        return self.interfaces.targets() + [f"{self.reliability.root}/jobs/{k}/{kind}.parquet"
-                                            for k in keys for kind in self.reliability.kinds]
+        return self.interfaces.targets() + [self.reliability.job_table(k, kind) for k in keys
+                                            for kind in self.reliability.kinds]
 
     def lora_targets(self) -> list[str]:
         """Target rule `lora`: train -> base + adapter inference -> paired deltas, without the features / probes /
@@ -73,7 +84,7 @@ class WorkflowPlan(CorePlan):
     def aggregate_targets(self) -> list[str]:
         """The tables and figures built from many jobs (metrics table, reliability and analysis outputs): what a
         failed run checks against their inputs (Snakefile `onerror`, retinabench.integrity.report_stale)."""
-        return [f"{self.R}/metrics.parquet"] + self.reliability.targets() + self.analysis.targets()
+        return [self.path("metrics")] + self.reliability.targets() + self.analysis.targets()
 
     # -- start-up ------------------------------------------------------------------------------------------
     def missing_raw_folders(self) -> list[str]:
@@ -81,7 +92,7 @@ class WorkflowPlan(CorePlan):
         and nothing depending on them is rerun (Snakemake sees no newer input), so say so, naming each."""
         notes = []
         for dataset, state in self.raw_states.items():
-            manifest = f"{self.R}/data/{dataset}/manifest.parquet"
+            manifest = self.path("manifest", dataset=dataset)
             if not state.root.is_dir() and os.path.exists(manifest):
                 notes.append(f"raw folder of dataset {dataset} is missing: {state.root} (is data_root right?); its "
                              f"results built from {manifest} are kept and nothing depending on it is rerun; "
@@ -100,7 +111,7 @@ class WorkflowPlan(CorePlan):
             changes = state.refresh()
             self._refreshed.add(dataset)
             listed = changes["changed"] + changes["added"] + changes["removed"]
-            if listed and os.path.exists(f"{self.R}/data/{dataset}/manifest.parquet"):
+            if listed and os.path.exists(self.path("manifest", dataset=dataset)):
                 print(f"retinabench: raw data of {dataset} changed since its manifest was built: "
                       f"{len(changes['changed'])} changed, {len(changes['added'])} added, "
                       f"{len(changes['removed'])} removed (e.g. {listed[:3]}); see {state.fingerprint_path}",
@@ -112,7 +123,7 @@ class WorkflowPlan(CorePlan):
         first (a dataset whose raw data changed is rebuilt, not checked), then fractions, unpinned encoders,
         devices, class placement and knn.k on built manifests; saliency and compute settings. Remote jobs re-read
         the Snakefile and skip this. A lock on the results folder is announced here (a dry run goes on), and
-        `snakemake --unlock` removes it (retinabench.pipeline.run_lock)."""
+        `snakemake --unlock` removes it (retinabench.plan.run_lock)."""
         if not main_process or self.run_lock.at_parse(sys.argv):  # `snakemake --unlock`: nothing else to check
             return
         for dataset in self.raw_states:
@@ -122,7 +133,7 @@ class WorkflowPlan(CorePlan):
         for note in check_config(self.config, self.selection, local=self.local):
             print(f"retinabench: {note}", file=sys.stderr)
         self.interfaces.print_notes()
-        unpinned = self.interfaces.problems()
+        unpinned = self.interfaces.problems() + self.tiny_model_problems()
         if unpinned:
             raise ConfigError([f"zeroshot / mllm: {p}" for p in unpinned])
         lora = self.lora.problems()

@@ -1,15 +1,14 @@
-"""Plans of workflow/rules/saliency.smk (saliency maps of the fine-tuned models; needs fine-tuning) and
-workflow/rules/compute.smk (the per-encoder compute benchmark). Both off unless enabled."""
+"""Plan of workflow/rules/saliency.smk: saliency maps of the fine-tuned models (needs fine-tuning; off unless
+enabled)."""
 from __future__ import annotations
 
-from retinabench.pipeline.plan.core import CorePlan, alternatives
-from retinabench.pipeline.plan.finetune import FinetunePlan
+from retinabench.plan.core import CorePlan, alternatives
+from retinabench.plan.finetune import FinetunePlan
 from retinabench.regimes import trained_on
-from retinabench.workflow_plan import device_problems, unpinned_encoders
+from retinabench.plan.selection import device_problems
 
 # Minutes per attributed image on one GPU (nt_samples x n_steps = 2500 forward+backward passes) by size class.
 SALIENCY_RUNTIME = {"tiny": 1, "small": 2, "base": 4, "large": 8, "huge": 16, "giant": 32}
-COMPUTE_RUNTIME = {"tiny": 15, "small": 20, "base": 30, "large": 45, "huge": 90, "giant": 120}  # min, one GPU
 
 
 class SaliencyPlan:
@@ -46,10 +45,10 @@ class SaliencyPlan:
         return device_problems(s.device, "saliency.device", local=self.core.local), bad
 
     def weights(self, protocol, encoder, task, seed) -> str:
-        return f"{self.core.R}/models/{protocol}/{encoder}/{task}/seed{seed}.pt"
+        return self.core.path("model_weights", protocol=protocol, encoder=encoder, task=task, seed=seed)
 
     def inputs(self, wc) -> dict[str, str]:
-        inputs = self.core.images_of_task(wc.task)
+        inputs = {**self.core.images_of_task(wc.task), **self.core.local_weights(wc.encoder)}
         inputs.update({f"weights_{p}": self.weights(p, wc.encoder, wc.task, self.seed) for p in self.protocols})
         return inputs
 
@@ -63,40 +62,11 @@ class SaliencyPlan:
     def targets(self) -> list[str]:
         if not self.on:
             return []
-        R = self.core.R
-        return ([f"{R}/figures/saliency/{t}.png" for t in self.tasks]
-                + [f"{R}/saliency/{e}/{t}.parquet" for e in self.encoders for t in self.tasks])
+        core = self.core
+        return ([core.path("saliency_figure", task=t, ext="png") for t in self.tasks]
+                + [core.path("saliency", encoder=e, task=t, ext="parquet") for e in self.encoders for t in self.tasks])
 
-
-class ComputePlan:
-    def __init__(self, core: CorePlan, ft: FinetunePlan):
-        from retinabench.figures.compute import FIGURES
-        self.core, self.figures = core, FIGURES
-        c = self.settings = core.settings.compute
-        self.on = c.enabled
-        self.encoders = list(c.encoders or core.encoders)
-        self.task = c.task or core.tasks[0]
-        self.job_settings = c.job()
-        self.train = ft.settings.plain(include={"channels_last", "compile", "weight_decay"})  # FT's step settings
-        self.threads = c.threads
-        self.encoder_constraint = alternatives(self.encoders)
-        for e in self.encoders:
-            core.reg.encoder(e)
-        if self.on and self.task not in core.tasks:
-            raise ValueError(f"compute.task {self.task!r} is not a task of this config (its tasks: {core.tasks})")
-
-    def problems(self) -> list[str]:
-        """Unpinned encoders beyond the config's own, and device problems (the config's are checked elsewhere)."""
-        if not self.on:
-            return []
-        return (unpinned_encoders(self.core.reg, sorted(set(self.encoders) - set(self.core.encoders)))
-                + device_problems(self.settings.device, "compute.device", local=self.core.local))
-
-    def runtime(self, wc) -> int:
-        return COMPUTE_RUNTIME[self.core.reg.encoder(wc.encoder)["size_class"]]
-
-    def targets(self) -> list[str]:
-        if not self.on:
-            return []
-        R = self.core.R
-        return [f"{R}/compute/benchmark.parquet"] + [f"{R}/figures/compute/{f}.png" for f in self.figures]
+    def figure_inputs(self, wc) -> dict[str, list[str]]:
+        """A task's saliency figure: every saliency encoder's table and maps of the task."""
+        return {"tables": [self.core.path("saliency", encoder=e, task=wc.task, ext="parquet") for e in self.encoders],
+                "maps": [self.core.path("saliency", encoder=e, task=wc.task, ext="npz") for e in self.encoders]}

@@ -7,10 +7,11 @@ import re
 import sys
 
 from retinabench.registry.sizes import SIZE_CLASSES, feature_batch_size
-from retinabench.pipeline.plan.code import rule_code_hash
-from retinabench.pipeline.run_lock import RunLock
+from retinabench.plan.code import rule_code_hash
+from retinabench.plan.paths import Paths
+from retinabench.plan.run_lock import RunLock
 from retinabench.settings import Config, PhantomSettings, load
-from retinabench.workflow_plan import GENERATED_FOLDER, dataset_tasks, plan
+from retinabench.plan.selection import dataset_tasks, plan
 
 
 def alternatives(names) -> str:
@@ -51,6 +52,7 @@ class CorePlan:
         self.datasets, self.tasks, self.encoders = (self.selection.datasets, self.selection.tasks,
                                                     self.selection.encoders)
         self.cache_tag = f"{config['image_cache']['size']}_{config['image_cache']['resize']}"
+        self.paths = Paths(self.R, cache_tag=self.cache_tag)  # every artifact path (retinabench.plan.paths)
         self.generated_roots = {d["root"]: name for name, d in self.reg.datasets.items() if d.get("generated")}
         self.local = intended_executor() in (None, "local", "dryrun")
         self.run_lock = RunLock(self.R)  # one writer per results folder (Snakefile onstart / onsuccess / onerror)
@@ -60,8 +62,8 @@ class CorePlan:
     @property
     def phantom_metadata(self) -> str:
         """The generated phantom's metadata file, wildcard ``generated_root``: under the results folder
-        (``<results>/raw/<root>``, :meth:`~retinabench.workflow_plan.Plan.dataset_root`), never under data_root."""
-        return os.path.join(self.R, GENERATED_FOLDER, "{generated_root}", "metadata.csv")
+        (``<results>/raw/<root>``, :meth:`~retinabench.plan.selection.Plan.dataset_root`), never under data_root."""
+        return self.path("phantom_metadata")
 
     # -- code, resources -----------------------------------------------------------------------------------
     @staticmethod
@@ -88,18 +90,67 @@ class CorePlan:
     def task_dataset(self, task: str) -> str:
         return self.reg.task(task)["dataset"]
 
-    def data(self, dataset: str, name: str) -> str:
-        return f"{self.R}/data/{dataset}/{name}"
+    def path(self, artifact: str, /, **values) -> str:
+        """An artifact path by name (retinabench.plan.paths.PATHS); wildcards not given stay wildcards."""
+        return self.paths.path(artifact, **values)
+
+    def log(self, rule: str, /, **values) -> str:
+        """A rule's log (retinabench.plan.paths.LOGS)."""
+        return self.paths.log(rule, **values)
 
     def cache_files(self, dataset: str) -> dict[str, str]:
-        return {"array": f"{self.R}/data/{dataset}/images_{self.cache_tag}.npy",
-                "index": f"{self.R}/data/{dataset}/images_{self.cache_tag}.index.parquet"}
+        return {"array": self.path("image_cache", dataset=dataset),
+                "index": self.path("image_cache_index", dataset=dataset)}
 
     def task_split(self, task: str) -> str:
-        return f"{self.R}/splits/{self.task_dataset(task)}/{task}.parquet"
+        return self.path("task_split", dataset=self.task_dataset(task), task=task)
+
+    # -- encoder weights a job loads from a local path (a job reads only what it declares) ---------------------
+    @property
+    def weight_entries(self) -> list[str]:
+        """Every encoder entry some job of this plan loads (the workflow plan adds fine-tuning, compute, the
+        interfaces and LoRA to the config's encoders)."""
+        return list(self.encoders)
+
+    def local_weights(self, encoder: str) -> dict[str, str]:
+        """``{"weights": path}`` for an entry loaded from a local ``weights_path`` (the demo's tiny models, built
+        into the results folder by rule tiny_model), else nothing: every job loading the entry declares it, so
+        the rule that builds it runs first and a missing file is Snakemake's error, not the job's."""
+        path = self.reg.encoder(encoder).get("weights_path")
+        return {"weights": path} if path else {}
+
+    def tiny_models(self) -> dict[str, dict]:
+        """{entry: its `tiny_model` build spec} of the planned entries a demo registry builds (rule tiny_model)."""
+        return {n: self.reg.encoder(n)["tiny_model"] for n in self.weight_entries
+                if self.reg.encoder(n).get("tiny_model")}
+
+    def tiny_model_params(self, wc) -> dict:
+        return self.tiny_models()[wc.name]
+
+    def tiny_model_constraint(self) -> str:
+        return alternatives(sorted(self.tiny_models()))
+
+    def tiny_model_problems(self) -> list[str]:
+        """Tiny-model entries whose weights_path is not the folder rule tiny_model writes."""
+        out = []
+        for name in self.tiny_models():
+            want = self.tiny_model_folder().format(name=name)
+            got = self.reg.encoder(name).get("weights_path")
+            if got != want:
+                out.append(f"encoder {name!r}: a tiny_model entry must have weights_path "
+                           f"'{{results}}/tiny_models/{name}' (rule tiny_model builds it in the results folder: "
+                           f"{want!r}), not {got!r}")
+        return out
+
+    def tiny_model_folder(self) -> str:
+        return self.path("tiny_model")
+
+    def feature_inputs(self, wc) -> dict[str, str]:
+        """A features job: the dataset's image cache and the encoder's local weights."""
+        return {**self.cache_files(wc.dataset), **self.local_weights(wc.encoder)}
 
     def features(self, encoder: str, dataset: str) -> str:
-        return f"{self.R}/features/{encoder}/{dataset}.parquet"
+        return self.path("features", encoder=encoder, dataset=dataset)
 
     def images_of_task(self, task: str) -> dict[str, str]:
         """Image cache and split of a task (the inputs of every image-based job)."""
@@ -109,11 +160,12 @@ class CorePlan:
         return [os.path.join(self.selection.dataset_root(dataset), f) for f in self.reg.dataset(dataset)["index_files"]]
 
     def frozen(self, kind: str) -> list[str]:
-        return [f"{self.R}/{kind}/frozen/{e}/{t}.parquet" for e in self.encoders for t in self.tasks]
+        name = {"metrics": "job_metrics", "training_logs": "training_log"}.get(kind, kind)
+        return [self.path(name, source="frozen", encoder=e, name=t) for e in self.encoders for t in self.tasks]
 
     def frozen_prediction_files(self) -> dict[str, str]:
-        return {f"frozen/{e}/{t}": f"{self.R}/predictions/frozen/{e}/{t}.parquet" for e in self.encoders
-                for t in self.tasks}
+        return {f"frozen/{e}/{t}": self.path("predictions", source="frozen", encoder=e, name=t)
+                for e in self.encoders for t in self.tasks}
 
     # -- settings ------------------------------------------------------------------------------------------
     def phantom_settings(self, wc) -> dict:
@@ -144,10 +196,10 @@ class CorePlan:
                 **self.protocol_settings(c["protocols"])}
 
     def targets(self) -> list[str]:
-        R = self.R
-        targets = [f"{R}/metrics.parquet", f"{R}/analysis/rank_summary.csv", f"{R}/figures/rank_distribution.png"]
-        targets += [f"{R}/data/{d}/exclusions.parquet" for d in self.datasets]
-        targets += [f"{R}/data/{d}/duplicates.parquet" for d in self.datasets]
+        targets = [self.path("metrics"), self.path("analysis_table", table="rank_summary", ext="csv"),
+                   self.path("figure", figure="rank_distribution", ext="png")]
+        targets += [self.path("exclusions", dataset=d) for d in self.datasets]
+        targets += [self.path("duplicates", dataset=d) for d in self.datasets]
         if len(self.datasets) > 1:  # test images of one dataset that duplicate training images of another
-            targets.append(f"{R}/data/cross_dataset_duplicates.parquet")
+            targets.append(self.path("cross_duplicates"))
         return targets

@@ -2,7 +2,7 @@
 evaluation job per predictions table of any protocol, collection, paired comparisons and four figures."""
 from __future__ import annotations
 
-from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.plan.core import CorePlan, alternatives
 from retinabench.reliability.evaluation import KINDS
 
 # figure -> (settings section it reads, the collected tables it draws). Each figure is a folder of panel groups
@@ -21,11 +21,10 @@ class ReliabilityPlan:
 
     def __init__(self, core: CorePlan, prediction_files):
         """``prediction_files()``: {"<source>/<encoder>/<task or group>": path} of every protocol the config runs
-        besides transfer (retinabench.pipeline.plan.WorkflowPlan.prediction_files)."""
+        besides transfer (retinabench.plan.WorkflowPlan.prediction_files)."""
         from retinabench.data.derived import transfer_groups
         self.core, self._upstream = core, prediction_files
         self.settings = core.settings.reliability
-        self.root = f"{core.R}/reliability"
         self.plan_tasks = {t: core.reg.task(t) for t in core.tasks}
         self.transfer_groups = transfer_groups(self.plan_tasks)
         self.group_constraint = alternatives(self.transfer_groups)
@@ -37,7 +36,7 @@ class ReliabilityPlan:
         return self.settings.plain(include=set(keys))
 
     def transfer_prediction_files(self) -> dict[str, str]:
-        return {f"transfer/{e}/{g}": f"{self.core.R}/predictions/transfer/{e}/{g}.parquet"
+        return {f"transfer/{e}/{g}": self.core.path("predictions", source="transfer", encoder=e, name=g)
                 for e in self.core.encoders for g in self.transfer_groups}
 
     def prediction_files(self) -> dict[str, str]:
@@ -57,19 +56,39 @@ class ReliabilityPlan:
 
     def job_inputs(self, wc) -> dict:
         core = self.core
-        return {"predictions": f"{core.R}/predictions/{wc.source}/{wc.encoder}/{wc.name}.parquet",
-                "manifests": [core.data(d, "manifest.parquet") for d in self.datasets_of(wc.source, wc.name)],
-                "exclusions": [core.data(d, "exclusions.parquet") for d in self.datasets_of(wc.source, wc.name)],
+        return {"predictions": core.path("predictions", source=wc.source, encoder=wc.encoder, name=wc.name),
+                "manifests": [core.path("manifest", dataset=d) for d in self.datasets_of(wc.source, wc.name)],
+                "exclusions": [core.path("exclusions", dataset=d) for d in self.datasets_of(wc.source, wc.name)],
                 "splits": [core.task_split(t) for t in self.tasks_of(wc.source, wc.name)]}
 
     def job_outputs(self) -> dict[str, str]:
-        return {k: f"{self.root}/jobs/{{source}}/{{encoder}}/{{name}}/{k}.parquet" for k in KINDS}
+        return {k: self.core.path("reliability_job", kind=k) for k in KINDS}
+
+    def job_table(self, key: str, kind: str) -> str:
+        """The ``kind`` table of the reliability job of predictions ``key`` ("<source>/<encoder>/<name>")."""
+        source, encoder, name = key.split("/", 2)
+        return self.core.path("reliability_job", source=source, encoder=encoder, name=name, kind=kind)
 
     def job_tables(self, kind: str) -> list[str]:
-        return [f"{self.root}/jobs/{key}/{kind}.parquet" for key in self.prediction_files()]
+        return [self.job_table(key, kind) for key in self.prediction_files()]
+
+    def table(self, name: str) -> str:
+        """A collected reliability table (reliability/<name>.parquet)."""
+        return self.core.path("reliability_table", table=name)
 
     def collected(self) -> dict[str, str]:
-        return {k: f"{self.root}/{k}.parquet" for k in KINDS}
+        return {k: self.table(k) for k in KINDS}
+
+    def collect_outputs(self) -> dict[str, str]:
+        """Rule reliability_collect: the collected per-kind tables, the subgroup metrics and the summary scores."""
+        return {**self.collected(), "subgroup_metrics": self.table("subgroup_metrics"),
+                "scores": self.table("summary_scores")}
+
+    def paired_outputs(self) -> dict[str, str]:
+        return {"comparisons": self.table("paired_comparisons"), "domains": self.table("paired_domains")}
+
+    def figure_inputs(self, wc) -> dict[str, str]:
+        return {k: self.table(k) for k in self.figures[wc.figure][1]}
 
     def paired_sources(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -90,7 +109,7 @@ class ReliabilityPlan:
         return SECTIONS[wc.figure]
 
     def figure_dir(self, figure: str) -> str:
-        return f"{self.core.R}/figures/reliability/{figure}"
+        return self.core.path("reliability_figure", figure=figure)
 
     def figure_targets(self) -> list[str]:
         return [self.figure_dir(f) for f in self.figure_names()]
@@ -104,8 +123,5 @@ class ReliabilityPlan:
                                    "transfer needs a second dataset with the task)")]
 
     def targets(self) -> list[str]:
-        root = self.root
-        return ([f"{root}/{k}.parquet" for k in KINDS]
-                + [f"{root}/subgroup_metrics.parquet", f"{root}/summary_scores.parquet",
-                   f"{root}/paired_comparisons.parquet", f"{root}/paired_domains.parquet"]
+        return (list(self.collect_outputs().values()) + list(self.paired_outputs().values())
                 + self.figure_targets())

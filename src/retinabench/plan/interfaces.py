@@ -1,16 +1,17 @@
 """Plan of workflow/rules/interfaces.smk: the `prompts` protocols of the registry (zero-shot, MLLM yes/no), one GPU
-job per (registry entry, task set) per enabled interface (retinabench.protocols.interfaces.plan_jobs), and the
+job per (registry entry, task set) per enabled interface (retinabench.plan.interface_jobs.plan_jobs), and the
 two interface tables (prompt-variant spread, zero-shot ECE difference)."""
 from __future__ import annotations
 
 import sys
 
-from retinabench.pipeline.plan.core import CorePlan
+from retinabench.plan.core import CorePlan
 
 
 class InterfacesPlan:
     def __init__(self, core: CorePlan):
-        from retinabench.protocols.interfaces import INTERFACES, plan_jobs
+        from retinabench.plan.interface_jobs import plan_jobs
+        from retinabench.protocols.interfaces import INTERFACES
         from retinabench.protocols.registry import PROTOCOLS
         self.core = core
         self.prompts_path = core.settings.registries.prompts
@@ -57,9 +58,9 @@ class InterfacesPlan:
     def tables(self) -> dict[str, str]:
         out = {}
         if self.jobs:
-            out["prompt_sensitivity"] = f"{self.core.R}/interfaces/prompt_sensitivity.parquet"
+            out["prompt_sensitivity"] = self.core.path("interface_table", table="prompt_sensitivity")
         if any(i == "zeroshot" for i, _, _ in self.jobs):
-            out["zeroshot_ece_difference"] = f"{self.core.R}/interfaces/zeroshot_ece_difference.parquet"
+            out["zeroshot_ece_difference"] = self.core.path("interface_table", table="zeroshot_ece_difference")
         return out
 
     def targets(self) -> list[str]:
@@ -76,13 +77,11 @@ class InterfacesPlan:
         j, core = self.job(interface, wc), self.core
         out = {"prompts": self.prompts_path,
                "splits": [core.task_split(t) for t in j.tasks],
-               "manifests": [core.data(d, "manifest.parquet") for d in j.datasets]}
+               "manifests": [core.path("manifest", dataset=d) for d in j.datasets]}
         for d in j.datasets:
             for k, v in core.cache_files(d).items():
                 out[f"{k}_{d}"] = v
-        weights = core.reg.encoder(wc.encoder).get("weights_path")
-        if weights:  # a local folder / file (e.g. the demo's tiny models, built by rule tiny_model)
-            out["weights"] = weights
+        out.update(core.local_weights(wc.encoder))
         return out
 
     def job_params(self, interface: str, wc) -> dict:
@@ -94,9 +93,9 @@ class InterfacesPlan:
         return lambda wc: self.job(interface, wc).resources[key]
 
     def outputs(self, interface: str) -> dict[str, str]:
-        R = self.core.R
-        return {"predictions": f"{R}/predictions/{interface}/{{encoder}}/{{task_set}}.parquet",
-                "metrics": f"{R}/metrics/{interface}/{{encoder}}/{{task_set}}.parquet"}
+        core = self.core
+        return {"predictions": core.path("predictions", source=interface, name="{task_set}"),
+                "metrics": core.path("job_metrics", source=interface, name="{task_set}")}
 
     def table_params(self) -> dict:
         return {"tasks": {t: self.core.reg.task(t) for t in self.core.tasks}}
@@ -105,34 +104,10 @@ class InterfacesPlan:
         return {"metrics": self.metrics_files(),
                 "zeroshot": [p for k, p in self.prediction_files().items() if k.startswith("zeroshot/")]}
 
-    # -- the demo's tiny models (rule tiny_model) -----------------------------------------------------------
-    def tiny_models(self) -> dict[str, dict]:
-        """{entry: its `tiny_model` build spec} for the planned entries a demo registry builds (no others)."""
-        return {n: self.core.reg.encoder(n)["tiny_model"] for n in self.encoders()
-                if self.core.reg.encoder(n).get("tiny_model")}
-
-    def tiny_model_folder(self) -> str:
-        return f"{self.core.R}/tiny_models/{{name}}"
-
-    def tiny_model_params(self, wc) -> dict:
-        return self.tiny_models()[wc.name]
-
-    def tiny_model_constraint(self) -> str:
-        return "|".join(sorted(self.tiny_models())) or "(?!)"
-
     def problems(self) -> list[str]:
-        """The interfaces' entries that need a lock record and have none or a stale one (the encoders' rule), and
-        tiny-model entries whose weights_path is not the folder rule tiny_model writes."""
-        from retinabench.workflow_plan import unpinned_encoders
-        out = unpinned_encoders(self.core.reg, self.encoders())
-        for name in self.tiny_models():
-            want = self.tiny_model_folder().format(name=name)
-            got = self.core.reg.encoder(name).get("weights_path")
-            if got != want:
-                out.append(f"encoder {name!r}: a tiny_model entry must have weights_path "
-                           f"'{{results}}/tiny_models/{name}' (rule tiny_model builds it in the results folder: "
-                           f"{want!r}), not {got!r}")
-        return out
+        """The interfaces' entries that need a lock record and have none or a stale one (the encoders' rule)."""
+        from retinabench.plan.selection import unpinned_encoders
+        return unpinned_encoders(self.core.reg, self.encoders())
 
     def print_notes(self) -> None:
         for note in self.notes():

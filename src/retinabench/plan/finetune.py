@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.plan.core import CorePlan, alternatives
 from retinabench.regimes import train_sides
 from retinabench.settings import FINETUNE_PROTOCOLS, SWEEP_STAGES, FinetuneSettings
 
@@ -52,19 +52,29 @@ class FinetunePlan:
 
     # -- paths ---------------------------------------------------------------------------------------------
     def path(self, kind, protocol, encoder, task, seed, ext="parquet") -> str:
-        return f"{self.core.R}/{kind}/{protocol}/{encoder}/{task}/seed{seed}.{ext}"
+        return self.core.path("finetune_run", kind=kind, protocol=protocol, encoder=encoder, task=task, seed=seed,
+                              ext=ext)
 
     def outputs(self, protocol="{protocol}", encoder="{encoder}", task="{task}", seed="{seed}") -> dict[str, str]:
         return {k: self.path(k if k != "log" else "training_logs", protocol, encoder, task, seed)
                 for k in ("predictions", "log", "metrics", "compute")}
 
     def sweep_path(self, encoder, task, stage, kind) -> str:
-        return f"{self.core.R}/sweep/{encoder}/{task}/stage{stage}_{kind}.parquet"
+        return self.core.path("sweep_stage", encoder=encoder, task=task, stage=stage, kind=kind)
 
     def inputs(self, wc) -> dict[str, str]:
-        inputs = self.core.images_of_task(wc.task)
+        inputs = {**self.core.images_of_task(wc.task), **self.core.local_weights(wc.encoder)}
         if self.sweep_on:
-            inputs["lr"] = f"{self.core.R}/sweep/{wc.encoder}/chosen.json"
+            inputs["lr"] = self.core.path("sweep_chosen", encoder=wc.encoder)
+        return inputs
+
+    def sweep_inputs(self, stage: int):
+        """A sweep job of ``stage``: the task's images, the encoder's local weights, stage 2 also stage 1's runs."""
+        def inputs(wc) -> dict[str, str]:
+            out = {**self.core.images_of_task(wc.task), **self.core.local_weights(wc.encoder)}
+            if stage == 2:
+                out["stage1"] = self.sweep_path(wc.encoder, wc.task, 1, "runs")
+            return out
         return inputs
 
     def grid(self):
@@ -81,7 +91,7 @@ class FinetunePlan:
         the frozen protocols' tables (for the reliability layer)."""
         if not self.on:
             return {}
-        return {f"{p}/{e}/{t}": f"{self.core.R}/predictions/{p}/{e}/{t}.parquet" for p in self.protocols
+        return {f"{p}/{e}/{t}": self.core.path("predictions", source=p, encoder=e, name=t) for p in self.protocols
                 for e in self.encoders for t in self.tasks}
 
     def sweep_stage_files(self, encoder, kind) -> list[str]:
@@ -90,17 +100,18 @@ class FinetunePlan:
     def targets(self) -> list[str]:
         if not self.on:
             return []
-        targets = list(self.prediction_files().values()) + [f"{self.core.R}/compute/finetune.parquet"]
+        targets = list(self.prediction_files().values()) + [self.core.path("finetune_compute")]
         if self.sweep_on:
-            targets += [f"{self.core.R}/sweep/lr_sweep_metrics.parquet", f"{self.core.R}/sweep/lr_sensitivity.parquet"]
+            targets += [self.core.path("lr_sweep_metrics"), self.core.path("lr_sensitivity")]
         return targets
 
     # -- settings and resources ----------------------------------------------------------------------------
     def checkpoints(self, wc) -> str:
-        return f"{self.core.R}/checkpoints/{wc.protocol}/{wc.encoder}/{wc.task}/seed{wc.seed}"
+        return self.core.path("finetune_checkpoints", protocol=wc.protocol, encoder=wc.encoder, task=wc.task,
+                              seed=wc.seed)
 
     def sweep_checkpoints(self, stage):
-        return lambda wc: f"{self.core.R}/checkpoints/sweep/{wc.encoder}/{wc.task}/stage{stage}"
+        return lambda wc: self.core.path("sweep_checkpoints", encoder=wc.encoder, task=wc.task, stage=stage)
 
     def runtime_minutes(self, encoder, runs, epochs, steps_per_epoch) -> int:
         minutes = RUNTIME[self.core.reg.encoder(encoder)["size_class"]] * runs * epochs * steps_per_epoch / 2500

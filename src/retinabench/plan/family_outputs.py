@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from retinabench.analysis.context import FAMILIES, AnalysisContext
+from retinabench.plan.paths import Paths
 from retinabench.regimes import BALANCED, UNBALANCED
-from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVITY, SUBSETS
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -19,9 +19,10 @@ def _subset_comparisons_exist(ctx: AnalysisContext) -> bool:
                                    protocol=ctx.analysis_protocol_name, regime=ctx.regime))
 
 
-def _figure(paths: dict, key: str, base: str) -> None:
-    paths[key] = f"{base}.png"
-    paths[key.replace("png", "pdf", 1)] = f"{base}.pdf"
+def _figure(paths: dict, key: str, table: Paths, name: str) -> None:
+    """A figure's PNG under ``key`` and its PDF twin (``png...`` -> ``pdf...``)."""
+    paths[key] = table.path("figure", figure=name, ext="png")
+    paths[key.replace("png", "pdf", 1)] = table.path("figure", figure=name, ext="pdf")
 
 
 def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = None) -> dict[str, dict[str, str]]:
@@ -36,24 +37,28 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
     def skip(output: str, reason: str) -> None:
         skipped.append(record(output, reason))
 
-    R, A, F = results, f"{results}/analysis", f"{results}/figures"
+    P = Paths(results)
+
+    def A(name: str, ext: str = "csv") -> str:
+        return P.path("analysis_table", table=name, ext=ext)
+
     k, n_tasks = len(ctx.encoders), len(ctx.tasks)
     n_prot = len(ctx.protocols)
     alts = [m for m in ctx.metrics if m != ctx.metric]
     out: dict[str, dict[str, str]] = {}
-    out["ranks"] = {"ranks": f"{A}/ranks.parquet", "summary": f"{A}/rank_summary.csv"}
+    out["ranks"] = {"ranks": A("ranks", "parquet"), "summary": A("rank_summary")}
     figs: dict[str, str] = {}
-    _figure(figs, "png", f"{F}/rank_distribution")
+    _figure(figs, "png", P, "rank_distribution")
     for m in alts:
-        _figure(figs, f"png_{m}", f"{F}/rank_distribution_{m}")
+        _figure(figs, f"png_{m}", P, f"rank_distribution_{m}")
     out["rank_figures"] = figs
-    out["tables"] = {"appendix_csv": f"{R}/tables/appendix.csv", "appendix_tex": f"{R}/tables/appendix.tex",
-                     "ranking_csv": f"{R}/tables/ranking.csv", "ranking_tex": f"{R}/tables/ranking.tex"}
+    out["tables"] = {f"{t}_{ext}": P.path("report_table", table=t, ext=ext) for t in ("appendix", "ranking")
+                     for ext in ("csv", "tex")}
     if k >= 3 and n_tasks >= 2:
-        cd = {"friedman": f"{A}/friedman.csv", "nemenyi": f"{A}/nemenyi.csv"}
-        _figure(cd, "png", f"{F}/cd_diagram")
+        cd = {"friedman": A("friedman"), "nemenyi": A("nemenyi")}
+        _figure(cd, "png", P, "cd_diagram")
         for m in alts:
-            _figure(cd, f"png_{m}", f"{F}/cd_diagram_{m}")
+            _figure(cd, f"png_{m}", P, f"cd_diagram_{m}")
         out["cd"] = cd
     else:
         skip("cd_diagram", f"Friedman test, Nemenyi post-hoc and critical-difference diagrams need >= 3 encoders "
@@ -61,20 +66,20 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
     paired_regime = any(r in ctx.regimes for r in (UNBALANCED, BALANCED))
     if n_prot >= 2 and paired_regime:
         heat: dict[str, str] = {}
-        _figure(heat, "png", f"{F}/protocol_rank_heatmap")
+        _figure(heat, "png", P, "protocol_rank_heatmap")
         out["protocol_heatmap"] = heat
     else:
         skip("protocol_rank_heatmap", f"needs >= 2 ranked protocols (has {n_prot}) and regime {UNBALANCED} or "
                                       f"{BALANCED}")
     if k >= 3:
-        agree = {"table": f"{A}/rank_agreement.csv"}
+        agree = {"table": A("rank_agreement")}
         if n_prot >= 2 and paired_regime:
-            _figure(agree, "png_protocols", f"{F}/spearman_protocols")
+            _figure(agree, "png_protocols", P, "spearman_protocols")
         else:
             skip("spearman_protocols", f"needs >= 2 ranked protocols (has {n_prot}) and regime {UNBALANCED} or "
                                        f"{BALANCED}")
         if len(ctx.regimes) >= 2:
-            _figure(agree, "png_regimes", f"{F}/spearman_regimes")
+            _figure(agree, "png_regimes", P, "spearman_regimes")
         else:
             skip("spearman_regimes", f"needs >= 2 data regimes (has {len(ctx.regimes)})")
         if len(agree) > 1:
@@ -83,14 +88,14 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         for name in ("spearman_protocols", "spearman_regimes"):
             skip(name, f"Spearman correlation between encoder rankings needs >= 3 encoders; this run has {k}")
     if k >= 2:
-        dist = {"table": f"{A}/signed_rank_distance.csv", "kruskal": f"{A}/kruskal_wallis.csv"}
+        dist = {"table": A("signed_rank_distance"), "kruskal": A("kruskal_wallis")}
         if n_prot >= 2:
-            _figure(dist, "png_protocols", f"{F}/srd_protocols")
+            _figure(dist, "png_protocols", P, "srd_protocols")
         else:
             skip("srd_protocols", f"signed rank distances between protocols need >= 2 ranked protocols (has "
                                   f"{n_prot})")
         if _subset_comparisons_exist(ctx):
-            _figure(dist, "png_subsets", f"{F}/srd_subsets")
+            _figure(dist, "png_subsets", P, "srd_subsets")
         else:
             skip("srd_subsets", "no task subset (analysis.subsets) leaves tasks on both sides of the comparison")
         if len(dist) > 2:
@@ -99,23 +104,23 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         for name in ("srd_protocols", "srd_subsets"):
             skip(name, f"signed rank distances need >= 2 encoders; this run has {k}")
     if task_subsets(ctx.tasks, ctx.settings["subsets"]):
-        sub = {"table": f"{A}/subset_ranks.csv"}
-        _figure(sub, "png", f"{F}/subset_ranks")
+        sub = {"table": A("subset_ranks")}
+        _figure(sub, "png", P, "subset_ranks")
         out["subsets"] = sub
     else:
         skip("subset_ranks", f"no task matches a subset of analysis.subsets {ctx.settings['subsets']}")
     lsub = leakage_subsets(ctx.tasks, ctx.encoders, ctx.datasets)
     if informative_subsets(lsub, list(ctx.tasks)):
-        leak = {"table": f"{A}/leakage.csv"}
-        _figure(leak, "png", f"{F}/leakage_rank_change")
+        leak = {"table": A("leakage")}
+        _figure(leak, "png", P, "leakage_rank_change")
         out["leakage"] = leak
     else:
         skip("leakage_rank_change", "no leakage subset differs from the full task set (no encoder's pretraining "
                                     "data includes a benchmark dataset and no dataset has a high web-exposure risk)")
     high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
     if any(m["dataset"] not in high for m in ctx.tasks.values()):
-        top = {"table": f"{A}/top_k.csv"}
-        _figure(top, "png", f"{F}/top_k")
+        top = {"table": A("top_k")}
+        _figure(top, "png", P, "top_k")
         out["top_k"] = top
     else:
         skip("top_k", f"every task is from a high-leakage dataset ({', '.join(sorted(high))})")
@@ -123,25 +128,25 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
     run = set(ctx.protocols) | set(ctx.ft_protocols)
     ft, lp = s["finetune_protocol"], s["linear_protocol"]
     if ft in run and lp in run and (ft not in ctx.ft_protocols or ctx.regime in ctx.ft_regimes):
-        gap = {"table": f"{A}/ft_lp_gap.csv"}
-        _figure(gap, "png", f"{F}/ft_lp_gap")
+        gap = {"table": A("ft_lp_gap")}
+        _figure(gap, "png", P, "ft_lp_gap")
         out["ft_lp"] = gap
     else:
         why = (f"{ft} and {lp} were not both run (finetune.enabled false, or a protocol missing)"
                if not (ft in run and lp in run) else f"fine-tuning does not cover the ranking regime {ctx.regime}")
         skip("ft_lp_gap", why)
     if ctx.subgroups_path:
-        fair = {"table": f"{A}/subgroup_accuracy.csv"}
-        _figure(fair, "png", f"{F}/subgroup_accuracy")
+        fair = {"table": A("subgroup_accuracy")}
+        _figure(fair, "png", P, "subgroup_accuracy")
         out["fairness"] = fair
     else:
         skip("subgroup_accuracy", "no subgroup table (analysis.subgroup_metrics)")
     if ctx.lr_source:
-        lr = {"table": f"{A}/lr_sensitivity.csv"}
-        _figure(lr, "png", f"{F}/lr_sensitivity")
+        lr = {"table": A("lr_sensitivity")}
+        _figure(lr, "png", P, "lr_sensitivity")
         if (ctx.lr_encoders or k) >= 2:  # ranks at optimal vs sub-optimal lr need two encoders
-            lr["distance"] = f"{A}/lr_signed_rank_distance.csv"
-            _figure(lr, "png_srd", f"{F}/srd_lr")
+            lr["distance"] = A("lr_signed_rank_distance")
+            _figure(lr, "png_srd", P, "srd_lr")
         else:
             skip("srd_lr", "ranks at the optimal vs sub-optimal learning rate need >= 2 swept encoders")
         out["sensitivity"] = lr
@@ -151,10 +156,10 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
                        f"{ctx.regime} not in sweep.regimes)")
     if ctx.lr_source and ctx.lr_grid:
         from retinabench.figures import lr_transfer_pages
-        tr = {"table": f"{A}/lr_transfer.csv"}
-        _figure(tr, "png", f"{F}/lr_transfer")
+        tr = {"table": A("lr_transfer")}
+        _figure(tr, "png", P, "lr_transfer")
         for part in range(2, lr_transfer_pages(ctx.lr_encoders or k) + 1):  # one page per 10 swept encoders
-            _figure(tr, f"png_part{part}", f"{F}/lr_transfer_part{part}")
+            _figure(tr, f"png_part{part}", P, f"lr_transfer_part{part}")
         out["lr_transfer"] = tr
     else:
         skip("lr_transfer", "needs the learning-rate sweep and a second fine-tuned task to check the chosen rate "
@@ -165,7 +170,8 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
 
 def family_inputs(family: str, results: str, ctx: AnalysisContext) -> dict[str, str]:
     """Input paths of a family's job."""
-    paths = {"metrics": f"{results}/metrics.parquet", "ranks": f"{results}/analysis/ranks.parquet",
+    P = Paths(results)
+    paths = {"metrics": P.path("metrics"), "ranks": P.path("analysis_table", table="ranks", ext="parquet"),
              "baselines": baselines_path(results)}
     if ctx.subgroups_path:
         paths["subgroups"] = str(Path(results) / ctx.subgroups_path)
@@ -178,55 +184,8 @@ def family_inputs(family: str, results: str, ctx: AnalysisContext) -> dict[str, 
 
 def baselines_path(results: str) -> str:
     """The majority-class / chance table (rule ``baselines``, from the splits; stats.baselines)."""
-    return f"{results}/analysis/baselines.csv"
+    return Paths(results).path("baselines")
 
 
 def targets(outputs: dict[str, dict[str, str]]) -> list[str]:
     return [p for fam in outputs.values() for p in fam.values()]
-
-
-# family -> (rule name, {output key: (caption, report category, subcategory)}). Keys "png_<metric>" of the
-# ranking families reuse the caption of "png" with a metric label.
-# Sections: retinabench.skipped.SECTIONS (the skipped-analyses table uses the same).
-FAMILY_RULES = {
-    "ranks": ("ranks", {}),
-    "rank_figures": ("figure_rank_distribution", {"png": ("rank_distribution", RANKING, "Rank distributions")}),
-    "tables": (
-        "analysis_tables",
-        {"ranking_csv": ("ranking_table", RANKING, "Tables"), "appendix_csv": ("appendix_table", RANKING, "Tables")},
-    ),
-    "cd": ("critical_difference", {"png": ("cd_diagram", RANKING, "Critical difference")}),
-    "protocol_heatmap": ("protocol_heatmap", {"png": ("protocol_rank_heatmap", PROTOCOLS, "Mean rank per protocol")}),
-    "agreement": (
-        "rank_agreement",
-        {
-            "png_protocols": ("spearman_protocols", PROTOCOLS, "Spearman correlation"),
-            "png_regimes": ("spearman_regimes", PROTOCOLS, "Spearman correlation"),
-        },
-    ),
-    "distance": (
-        "signed_rank_distance",
-        {
-            "png_protocols": ("srd_protocols", PROTOCOLS, "Signed rank distance"),
-            "png_subsets": ("srd_subsets", SUBSETS, "Signed rank distance"),
-        },
-    ),
-    "ft_lp": ("ft_lp_gap", {"png": ("ft_lp_gap", PROTOCOLS, "Fine-tuning vs linear probe")}),
-    "subsets": ("subset_ranks", {"png": ("subset_ranks", SUBSETS, "Mean rank by subset")}),
-    "leakage": ("leakage", {"png": ("leakage_rank_change", LEAKAGE, "Rank change")}),
-    "top_k": ("top_k", {"png": ("top_k", LEAKAGE, "Top encoders")}),
-    "fairness": ("fairness", {"png": ("subgroup_accuracy", FAIRNESS, "Subgroups")}),
-    "sensitivity": (
-        "lr_sensitivity",
-        {"png": ("lr_sensitivity", SENSITIVITY, "Learning rate"), "png_srd": ("srd_lr", SENSITIVITY, "Learning rate")},
-    ),
-    "lr_transfer": ("lr_transfer", {"png": ("lr_transfer", SENSITIVITY, "Learning rate")}),
-}
-
-
-def family_of_rule(rule: str) -> str:
-    """The analysis family a Snakemake rule runs (the inverse of :data:`FAMILY_RULES`)."""
-    for family, (name, _) in FAMILY_RULES.items():
-        if name == rule:
-            return family
-    raise KeyError(f"no analysis family for rule {rule!r}")

@@ -14,9 +14,9 @@ import hashlib
 from functools import cache
 from pathlib import Path
 
-from retinabench.workflow_plan import _imports, import_names, module_closure
+from retinabench.hashing import import_names, module_closure, module_imports
 
-PACKAGE = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[1]
 PIPELINE = PACKAGE / "pipeline"
 
 
@@ -59,10 +59,10 @@ def rule_code_files(rule: str, extra_modules: tuple[str, ...] = ()) -> tuple[Pat
         module, modules = sources[rule]
         own = [PIPELINE / f"{module.rsplit('.', 1)[1]}.py"]  # the stage's module itself, not all its stages' imports
     else:
-        from retinabench.analysis.plan import FAMILY_RULES
-        if rule not in {r for r, _ in FAMILY_RULES.values()}:
+        from retinabench.analysis.context import FAMILIES
+        if rule not in {f.rule for f in FAMILIES.values()}:
             raise KeyError(f"no stage for rule {rule!r} in retinabench.pipeline (known: {sorted(sources)})")
-        modules = frozenset(_imports(PIPELINE / "analysis.py", "retinabench.pipeline.analysis"))
+        modules = frozenset(module_imports(PIPELINE / "analysis.py", "retinabench.pipeline.analysis"))
         own = [PIPELINE / "analysis.py"]
     return tuple(sorted(set(module_closure(*sorted(modules), *extra_modules)) | set(own)))
 

@@ -1,11 +1,12 @@
 """Plan of workflow/rules/analysis.smk: the tidy metrics table, then one job per analysis family this config
-can produce (retinabench.analysis.plan decides which, from the config alone)."""
+can produce (retinabench.plan.family_outputs decides which, from the config alone)."""
 from __future__ import annotations
 
 from retinabench import skipped as skip_table
-from retinabench.analysis import AnalysisContext, analysis_outputs, family_inputs
-from retinabench.analysis.plan import FAMILY_RULES, baselines_path
-from retinabench.pipeline.plan.core import CorePlan
+from retinabench.analysis import AnalysisContext
+from retinabench.analysis.context import FAMILIES
+from retinabench.plan.family_outputs import analysis_outputs, baselines_path, family_inputs
+from retinabench.plan.core import CorePlan
 
 
 class AnalysisPlan:
@@ -22,7 +23,7 @@ class AnalysisPlan:
         self.planned_skips: list[dict] = []  # figures and tables this config cannot produce, with the reason
         self.outputs = analysis_outputs(self.context, core.R, self.planned_skips)
         self.baselines_file = baselines_path(core.R)
-        self.skipped_table = f"{core.R}/skipped_analyses.csv"
+        self.skipped_table = core.path("skipped_analyses")
         # What the captions say the figures come from (the provenance sidecars hold the file-level chain).
         self.runs = (f"{len(core.encoders)} encoders ({', '.join(core.encoders)}); {len(core.tasks)} tasks "
                      f"({', '.join(core.tasks)}); protocols {', '.join(c['protocols'])}; seeds "
@@ -31,7 +32,7 @@ class AnalysisPlan:
 
     def families(self) -> list[tuple[str, str]]:
         """(family, rule name) of every family this config produces, in report order."""
-        return [(f, rule) for f, (rule, _) in FAMILY_RULES.items() if f in self.outputs]
+        return [(f.name, f.rule) for f in FAMILIES.values() if f.name in self.outputs]
 
     def inputs(self, family: str) -> dict[str, str]:
         return family_inputs(family, self.core.R, self.context)
@@ -41,8 +42,8 @@ class AnalysisPlan:
 
     def reported_outputs(self, family: str, report) -> dict:
         """The family's named outputs, figures (and report tables) wrapped in Snakemake's ``report()`` with their
-        caption and section (FAMILY_RULES)."""
-        spec = FAMILY_RULES[family][1]
+        caption and section (the family's record, retinabench.analysis.context.FAMILIES)."""
+        spec = FAMILIES[family].report_entries
         out = {}
         for key, path in self.outputs[family].items():
             metric = key[len("png_"):] if key.startswith("png_") and key not in spec else None
@@ -68,7 +69,7 @@ class AnalysisPlan:
     # -- the skipped-analyses table ---------------------------------------------------------------------------
     def skipped_inputs(self) -> dict:
         rel = self.reliability
-        out = {"figures": rel.figure_targets(), "coverage": f"{rel.root}/coverage.parquet"}
+        out = {"figures": rel.figure_targets(), "coverage": rel.table("coverage")}
         if "fairness" in self.outputs:
             out["subgroup_table"] = self.outputs["fairness"]["table"]
         return out
@@ -77,7 +78,7 @@ class AnalysisPlan:
         """Names (retinabench.skipped.SECTIONS keys) of every figure and table this config produces."""
         names = []
         for family, outputs in self.outputs.items():
-            spec = FAMILY_RULES[family][1]
+            spec = FAMILIES[family].report_entries
             names += [spec[k][0] for k in outputs if k in spec]
         return names + self.reliability.figure_names() + ["baselines"]
 

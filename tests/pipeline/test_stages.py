@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from retinabench.analysis.plan import FAMILY_RULES
+from retinabench.analysis.context import FAMILIES
 from retinabench.pipeline import STAGES
-from retinabench.pipeline.registry import StageRegistry
+from retinabench.pipeline.stages import StageRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,6 +34,6 @@ def test_every_rule_of_the_workflow_has_a_stage_and_every_stage_a_rule():
         text = smk.read_text()
         names |= set(re.findall(r"^\s*rule (\w+):", text, re.M))
         names |= set(re.findall(r"^\s*use rule \w+ as (\w+)", text, re.M))
-    names |= {rule for rule, _ in FAMILY_RULES.values()}  # analysis.smk declares these in a loop
+    names |= {f.rule for f in FAMILIES.values()}  # analysis.smk declares these in a loop
     assert names - set(STAGES.names()) == set(), "rules without a stage"
     assert set(STAGES.names()) - names == set(), "stages without a rule"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from retinabench.pipeline.plan.core import CorePlan, alternatives
+from retinabench.plan.core import CorePlan, alternatives
 from retinabench.skipped import LORA
 
 DELTA_TABLES = ("comparisons", "domains", "pairs", "unpaired")
@@ -32,7 +32,7 @@ class LoraPlan:
         self.constraint_encoders = self.constraint_tasks = alternatives([])
         if not self.enabled:
             return
-        from retinabench.protocols.interfaces import selected_entries
+        from retinabench.plan.interface_jobs import selected_entries
         encoders = {n: core.reg.encoder(n) for n in core.reg.encoders}
         names = self.settings.encoders or interfaces.settings["mllm"].encoders
         chosen = selected_entries(encoders, "mllm", names)
@@ -95,7 +95,7 @@ class LoraPlan:
         adapter result with it), the adapter's prompt set left out of the base runs, unpinned entries."""
         if not self.enabled:
             return []
-        from retinabench.workflow_plan import unpinned_encoders
+        from retinabench.plan.selection import unpinned_encoders
         out = unpinned_encoders(self.core.reg, sorted({j.encoder for j in self.jobs.values()}))
         sets = self.interfaces.settings["mllm"].prompt_sets
         if sets is not None and self.prompt_set() not in sets:
@@ -114,16 +114,17 @@ class LoraPlan:
         return self.jobs[(wc.encoder, wc.task)]
 
     def train_dir(self, encoder: str, task: str) -> str:
-        return f"{self.core.R}/lora/{encoder}/{task}"
+        return self.core.path("lora_run", encoder=encoder, task=task)
 
     def train_outputs(self) -> dict[str, str]:
-        d = self.train_dir("{encoder}", "{task}")
-        return {"adapter": f"{d}/adapter", "train_log": f"{d}/train_log.parquet", "compute": f"{d}/compute.json"}
+        core = self.core
+        return {"adapter": core.path("lora_adapter"), "train_log": core.path("lora_train_log"),
+                "compute": core.path("lora_compute")}
 
     def infer_outputs(self) -> dict[str, str]:
-        R = self.core.R
-        return {"predictions": f"{R}/predictions/mllm_lora/{{encoder}}/{{task}}.parquet",
-                "metrics": f"{R}/metrics/mllm_lora/{{encoder}}/{{task}}.parquet"}
+        core = self.core
+        return {"predictions": core.path("predictions", source="mllm_lora", name="{task}"),
+                "metrics": core.path("job_metrics", source="mllm_lora", name="{task}")}
 
     def prediction_files(self) -> dict[str, str]:
         """{"mllm_lora/<encoder>/<source task>": adapter predictions path}."""
@@ -131,10 +132,9 @@ class LoraPlan:
         return {f"mllm_lora/{e}/{t}": pattern.format(encoder=e, task=t) for (e, t) in sorted(self.jobs)}
 
     def delta_outputs(self) -> dict[str, str]:
-        root = f"{self.core.R}/lora/deltas"
-        return {**{k: f"{root}/{k}.parquet" for k in DELTA_TABLES}, "table5": f"{root}/table5.csv",
-                "figure": f"{self.core.R}/figures/lora/table5.png",
-                "figure_pdf": f"{self.core.R}/figures/lora/table5.pdf"}
+        core = self.core
+        return {**{k: core.path("lora_delta", table=k) for k in DELTA_TABLES}, "table5": core.path("lora_table5"),
+                "figure": core.path("lora_figure", ext="png"), "figure_pdf": core.path("lora_figure", ext="pdf")}
 
     def targets(self) -> list[str]:
         if not self.jobs:
@@ -144,16 +144,12 @@ class LoraPlan:
                 + list(self.delta_outputs().values()))
 
     # -- one job ---------------------------------------------------------------------------------------------
-    def _weights(self, encoder: str) -> dict:
-        weights = self.core.reg.encoder(encoder).get("weights_path")
-        return {"weights": weights} if weights else {}
-
     def train_inputs(self, wc) -> dict:
         core, j = self.core, self.job(wc)
         d = core.task_dataset(j.source)
         return {"prompts": self.interfaces.prompts_path, "split": core.task_split(j.source),
-                "manifest": core.data(d, "manifest.parquet"),
-                **core.cache_files(d), **self._weights(wc.encoder)}
+                "manifest": core.path("manifest", dataset=d),
+                **core.cache_files(d), **self.core.local_weights(wc.encoder)}
 
     def train_params(self, wc) -> dict:
         j = self.job(wc)
@@ -167,8 +163,8 @@ class LoraPlan:
         out = {"adapter": self.train_outputs()["adapter"].format(encoder=j.encoder, task=j.source),
                "prompts": self.interfaces.prompts_path,
                "splits": [core.task_split(t) for t in j.test_tasks],
-               "manifests": [core.data(d, "manifest.parquet") for d in self.datasets(j)],
-               **self._weights(wc.encoder)}
+               "manifests": [core.path("manifest", dataset=d) for d in self.datasets(j)],
+               **self.core.local_weights(wc.encoder)}
         for d in self.datasets(j):
             for k, v in core.cache_files(d).items():
                 out[f"{k}_{d}"] = v
@@ -187,7 +183,7 @@ class LoraPlan:
         base = sorted({self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks} - {None})
         datasets = sorted({d for j in self.jobs.values() for d in self.datasets(j)})
         return {"adapters": list(self.prediction_files().values()), "base": base,
-                "manifests": [self.core.data(d, "manifest.parquet") for d in datasets]}
+                "manifests": [self.core.path("manifest", dataset=d) for d in datasets]}
 
     def delta_params(self) -> dict:
         tasks = sorted({t for j in self.jobs.values() for t in j.test_tasks})

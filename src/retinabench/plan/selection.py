@@ -1,11 +1,9 @@
 """What a config selects (datasets, tasks, encoders) and where outputs go; shared by the Snakefile and the CLI."""
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 from retinabench.registry import Registries, RegistryError
@@ -57,85 +55,6 @@ def plan(config: dict) -> Plan:
     datasets = [d for d in wanted_datasets if any(reg.task(t)["dataset"] == d for t in tasks)]
     return Plan(results=str(config["results"]), data_root=str(config["data_root"]),
                 registries=reg, datasets=datasets, tasks=tasks, encoders=encoders)
-
-
-@cache
-def package_code_hash(*parts: str) -> str:
-    """Short sha256 over the source files of package parts (``"protocols"``, ``"data/splits.py"``, ...)."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for part in parts:
-        target = root / part
-        if not target.exists():
-            raise FileNotFoundError(f"package_code_hash: {target} does not exist")
-        files = sorted(target.rglob("*.py")) if target.is_dir() else [target]
-        for f in files:
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-_PACKAGE_ROOT = Path(__file__).resolve().parent
-# Package registries that list every member: editing them (adding a dataset) must not count as a code change of
-# the members' jobs.
-_REGISTRY_MODULES = {"retinabench.data.adapters"}
-
-
-def _module_file(name: str) -> Path | None:
-    """Source file of a ``retinabench.*`` module (``None`` for other packages or a name that is not a module)."""
-    if name != "retinabench" and not name.startswith("retinabench."):
-        return None
-    parts = name.split(".")[1:]
-    if not parts:
-        return _PACKAGE_ROOT / "__init__.py"
-    rel = Path(*parts)
-    for candidate in (_PACKAGE_ROOT / rel.with_suffix(".py"), _PACKAGE_ROOT / rel / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def import_names(node, module: str, is_init: bool) -> set[str]:
-    """Module names imported anywhere inside the AST ``node`` of ``module`` (absolute and relative, at any depth:
-    lazy imports count too); ``is_init``: the node comes from a package's ``__init__.py``."""
-    import ast
-    package = module if is_init else module.rpartition(".")[0]
-    out: set[str] = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Import):
-            out.update(a.name for a in n.names)
-        elif isinstance(n, ast.ImportFrom):
-            base = n.module or ""
-            if n.level:
-                parts = package.split(".")
-                parts = parts[: len(parts) - n.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in n.names)  # `from pkg import module`
-    return out
-
-
-def _imports(path: Path, module: str) -> set[str]:
-    """Module names a source file imports."""
-    import ast
-    return import_names(ast.parse(path.read_text(), filename=str(path)), module, path.name == "__init__.py")
-
-
-def module_closure(*modules: str) -> list[Path]:
-    """The source files of ``modules`` and of every retinabench module they import, transitively; registry
-    ``__init__`` modules (``retinabench.data.adapters``) excluded."""
-    seen: dict[str, Path] = {}
-    todo = list(modules)
-    while todo:
-        name = todo.pop()
-        if name in seen or name in _REGISTRY_MODULES:
-            continue
-        path = _module_file(name)
-        if path is None:
-            continue
-        seen[name] = path
-        todo.extend(_imports(path, name))
-    return sorted(set(seen.values()))
 
 
 class ConfigError(SettingsError):
