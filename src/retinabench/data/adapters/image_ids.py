@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
-    from retinabench.data.adapters.common import Exclusions
+    from retinabench.data.adapters.exclusions import Exclusions
 
 DUPLICATE_POLICIES = ("error", "keep_first")
 DUPLICATE_REASON = "duplicate image id"
