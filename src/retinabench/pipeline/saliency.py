@@ -12,7 +12,7 @@ from retinabench.pipeline.registry import stage
 
 
 def _versions(*names: str) -> dict:
-    out = {}
+    out: dict[str, str | None] = {}
     for n in names:
         try:
             out[n] = metadata.version(n)

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from retinabench.settings.base import Section
 from retinabench.settings.protocols import MLLMSection, MLLMSettings, ZeroShotSection, ZeroShotSettings
 
 __all__ = ["INTERFACES", "InterfaceJob", "InterfaceSpec", "MLLMSettings", "TaskInput", "ZeroShotSettings",
@@ -53,7 +54,7 @@ class InterfaceSpec:
     entry_interface: str
     protocols: tuple[str, ...]
     settings: type
-    section: type
+    section: type[Section]
     job: str
     kind: str = "images+prompts"
     gpu: int = 1
