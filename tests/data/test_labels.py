@@ -5,8 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from retinabench.data.adapters.common import DuplicateFileError, index_files
-from retinabench.data.adapters.exclusions import Exclusions
+from retinabench.data.adapters.common import DuplicateFileError, Exclusions, index_files
 from retinabench.data.adapters.labels import InvalidLabelError, LabelCoding, LabelReader
 
 DR = LabelCoding("dr3", "DR", {"0": "none", "NPDR": "npdr"}, missing={"-": "DR '-' (unknown)"})

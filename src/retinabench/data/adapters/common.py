@@ -1,5 +1,5 @@
-"""Helpers shared by adapters: file indexing and manifest finishing (checks, hashes); exclusion records are
-in :mod:`retinabench.data.adapters.exclusions`."""
+"""Helpers shared by adapters: exclusion records (defined in :mod:`retinabench.data.adapters.exclusions`, which
+``image_ids`` imports without this module) and manifest finishing (checks, hashes)."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from retinabench.data.adapters.exclusions import Exclusions as Exclusions  # adapters import it from here
 from retinabench.data.adapters.image_ids import settle_duplicate_ids
 from retinabench.data.adapters.root_wall import RootWall
 from retinabench.hashing import sha256_file

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from retinabench.data.adapters.common import finish_manifest
-from retinabench.data.adapters.exclusions import Exclusions
+from retinabench.data.adapters.common import Exclusions, finish_manifest
 from retinabench.data.adapters.labels import LabelCoding, LabelReader
 from retinabench.data.adapters.root_wall import RootWall
 from retinabench.data.adapters.table import OFFICIAL_SPLIT, Plan, cell_text

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from retinabench.data.adapters.exclusions import Exclusions
+from retinabench.data.adapters.common import Exclusions
 
 INVALID_LABEL_POLICIES = ("error", "exclude")
 _MAX_LISTED = 50  # an error message lists at most this many offending values (and says how many more)

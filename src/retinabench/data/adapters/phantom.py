@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from retinabench.data.adapters.common import finish_manifest
-from retinabench.data.adapters.exclusions import Exclusions
+from retinabench.data.adapters.common import Exclusions, finish_manifest
 from retinabench.data.adapters.index_text import read_index_csv
 from retinabench.data.adapters.labels import LabelCoding, LabelReader
 from retinabench.data.adapters.root_wall import RootWall

@@ -16,8 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from retinabench.data.adapters.common import finish_manifest, index_files
-from retinabench.data.adapters.exclusions import Exclusions
+from retinabench.data.adapters.common import Exclusions, finish_manifest, index_files
 from retinabench.data.adapters.image_ids import TABLE_FIX, settle_duplicate_ids
 from retinabench.data.adapters.labels import LabelCoding, LabelReader
 from retinabench.data.adapters.root_wall import RootWall

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from retinabench.data.adapters.exclusions import Exclusions
+from retinabench.data.adapters.common import Exclusions
 from retinabench.data.adapters.table_read import TableConfigError, cell_text
 from retinabench.data.adapters.table_steps import need_column
 

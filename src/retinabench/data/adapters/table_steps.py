@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from retinabench.data.adapters.exclusions import Exclusions
+from retinabench.data.adapters.common import Exclusions
 from retinabench.data.adapters.table_read import MAX_LISTED, TableConfigError, cell_text, list_files, read_raw_table
 
 
