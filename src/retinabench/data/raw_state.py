@@ -87,7 +87,8 @@ class RawState:
         Returns ``{"changed": [...], "added": [...], "removed": [...], "touched": n, "rewritten": bool}``."""
         current = scan(self.root)
         cache = _read(self.cache_path)
-        report: dict[str, Any] = {"changed": [], "added": [], "removed": sorted(set(cache) - set(current)), "touched": 0}
+        report: dict[str, Any] = {"changed": [], "added": [], "removed": sorted(set(cache) - set(current)),
+                                  "touched": 0}
         new_cache: dict[str, tuple[int, int, str | None]] = {}
         rehash = []
         for rel, (size, mtime) in current.items():

@@ -154,7 +154,8 @@ def split_groups(manifest: pd.DataFrame, duplicates: pd.DataFrame | None = None,
         return per[per > 1]
 
     merged, merged_exact = spanning(comp), spanning(comp_pe)
-    report: dict[str, Any] = {"n_images": int(len(m)), "n_patients": int(pid.nunique()), "n_groups": int(out["group_id"].nunique()),
+    report: dict[str, Any]  # counts, and a note where images have no patient id
+    report = {"n_images": int(len(m)), "n_patients": int(pid.nunique()), "n_groups": int(out["group_id"].nunique()),
               "groups_merging_patients": int(len(merged)), "patients_in_merged_groups": int(merged.sum()),
               "groups_merging_patients_by_exact_duplicates": int(len(merged_exact)),
               "near_duplicate_images_grouped": n_near_links if near else 0,

@@ -264,7 +264,8 @@ def fairvision(root: Path) -> None:
 
 
 def fairgenmed(root: Path) -> None:
-    rows: list[list[Any]] = [["training", "data_00001.npz", 1, "0.7", "moderate", "myopia", 66, "female", "white", "non-hispanic"],
+    rows: list[list[Any]]  # use, filename, glaucoma, cdr_status, md_severity, se_status, age, gender, race, ethnicity
+    rows = [["training", "data_00001.npz", 1, "0.7", "moderate", "myopia", 66, "female", "white", "non-hispanic"],
             ["validation", "data_00002.npz", 0, "0.4", "normal", "emmetropia", 52, "male", "asian", "non-hispanic"],
             ["test", "data_00003.npz", "yes", "0.8", "severe", "myopia", 70, "male", "black", "hispanic"]]
     write_csv(root / "data_summary.csv", ["use", "filename", "glaucoma", "cdr_status", "md_severity", "se_status", "age",
