@@ -4,7 +4,8 @@
 # make report: the HTML report of the finished default run (results/report.html; `retinabench report` runs
 #   snakemake --report and escapes the report's inline data: docs/report.md), then opened in headless Chromium to check
 #   that every section renders its figures (needs the Debian packages chromium and chromium-driver).
-# make lint: ruff, snakefmt --check, envs/ against requirements.lock, snakemake --lint (CI runs it before the tests).
+# make lint: ruff, snakefmt --check, envs/ against requirements.lock, mypy on src/, the import contracts of
+#   pyproject.toml (lint-imports), snakemake --lint (CI runs it before the tests).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -38,6 +39,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench workflow envs
 	$(VENV)/bin/snakefmt --check workflow Snakefile
 	$(PY) envs/sync.py --check
+	$(VENV)/bin/mypy src
+	$(VENV)/bin/lint-imports
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/snakemake --lint
 
 bench: $(STAMP)

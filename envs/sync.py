@@ -12,8 +12,8 @@ differ from PyPI's, so pip installs the very wheels the lock names; CUDA comes w
   environment's pins today; packages only those protocols need (peft, accelerate, ...) are added to the lock and
   to ``MLLM_ONLY`` here.
 
-Development tools (pytest, ruff, snakefmt and their dependencies) are in the lock for CI but in no job's
-environment. Snakemake itself is in every environment: the `script:` directive unpickles its job object there.
+Development tools (pytest, ruff, snakefmt, mypy, import-linter and their dependencies) are in the lock for CI but
+in no job's environment. Snakemake itself is in every environment: the `script:` directive unpickles its job object there.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ TORCH_STACK = {"torch", "torchvision", "triton", "captum", "timm", "open_clip_to
                "sympy", "mpmath", "networkx", "fsspec", "filelock", "wcwidth"}
 GPU_PREFIXES = ("nvidia-", "cuda-")
 DEV_TOOLS = {"pytest", "iniconfig", "pluggy", "ruff", "snakefmt", "black", "mypy_extensions", "pathspec",
-             "pytokens", "shfmt-py"}
+             "pytokens", "shfmt-py", "mypy", "ast_serialize", "librt", "import-linter", "grimp"}
 MLLM_ONLY: set[str] = {"peft", "accelerate"}  # LoRA SFT of MLLMs
 ENVS = {
     "core": "CPU rules: data, metrics collection, analysis, reliability (no torch stack)",

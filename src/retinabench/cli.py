@@ -224,7 +224,7 @@ def cmd_verify(args) -> int:
         print(f.line())
     for line in summaries:
         print(line)
-    counts = {}
+    counts: dict[str, int] = {}
     for f in findings:
         counts[f.status] = counts.get(f.status, 0) + 1
     what = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing flagged"

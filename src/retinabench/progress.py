@@ -52,7 +52,7 @@ class Progress:
         self.done += n
         now = self._clock()
         frac = self.done / self.total if self.total else 0.0
-        last = bool(self.total) and self.done >= self.total
+        last = self.total is not None and self.total != 0 and self.done >= self.total
         if self.done == n or last or now - self._last_time >= self.every_s or \
                 (self.total and frac - self._last_frac >= self.every_frac):
             print(self._line(note), file=self.file or sys.stderr, flush=True)

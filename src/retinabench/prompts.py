@@ -182,7 +182,7 @@ class PromptRegistry:
     def skipped_sets(self, interface: str, task: dict) -> dict[str, str]:
         """Sets that cover ``task`` but cannot prompt it: metadata sets whose fields the task does not declare
         safe (``prompt_metadata``). A set that would show the label is not skipped: :meth:`mllm` refuses it."""
-        out = {}
+        out: dict[str, str] = {}
         if interface != "mllm":
             return out
         safe = set(task.get("prompt_metadata") or [])
@@ -211,7 +211,7 @@ class PromptRegistry:
         s = self.data["zeroshot"][set_name]
         classes = list(task["classes"])
         where = f"zeroshot prompt set {set_name!r}, task {task['name']!r}"
-        given = spec.get("texts") or spec.get("class_names")
+        given = spec.get("texts") or spec.get("class_names") or []
         if sorted(given) != sorted(classes):
             raise PromptError(f"{where}: prompts for classes {sorted(given)}, the task has {classes}")
         if "class_names" in spec:

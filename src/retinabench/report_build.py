@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 # The data scripts of Snakemake's report template, in the template's order: (element id, variable name).
 DATA_SCRIPTS = (("workflow-desc", "workflow_desc"), ("results", "results"), ("categories", "categories"),
@@ -87,7 +88,7 @@ def unescaped_inline_data(html: str) -> list[str]:
             if any(ch in html[start:end] for ch in SCRIPT_ESCAPES)]
 
 
-def build_report(report: str | os.PathLike, snakemake_args: list[str] = (), *,
+def build_report(report: str | os.PathLike, snakemake_args: Sequence[str] = (), *,
                  workdir: str | os.PathLike | None = None) -> Path:
     """Run ``snakemake --report`` (with ``snakemake_args``, in ``workdir``, default the current folder) into a
     temporary folder, escape the report's inline data and write it to ``report``, atomically. Returns its path."""

@@ -20,6 +20,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from retinabench.report_build import ReportBuildError, unescaped_inline_data
 
@@ -94,6 +95,16 @@ def _all_listed(text: str, items: list[dict]) -> bool:
     return all(all(token in text for token in r["shown_as"]) for r in items)
 
 
+def _navigation_lists(items: list[dict]) -> Callable[[Any], bool]:
+    """A WebDriverWait condition: the report's navigation lists every item."""
+    return lambda driver: _all_listed(driver.find_element("id", "app").text, items)
+
+
+def _script_result(script: str, *args: Any) -> Callable[[Any], Any]:
+    """A WebDriverWait condition: what ``script`` returns (falsy: not yet)."""
+    return lambda driver: driver.execute_script(script, *args)
+
+
 @contextmanager
 def open_report(html: str | Path, *, timeout: float = 60.0):
     """Headless Chromium with a new, empty profile, ``html`` loaded in it (not yet waited for); yields the WebDriver,
@@ -134,9 +145,7 @@ def _check_sections(driver, out: ReportCheck, shots: Path | None, timeout: float
             driver.execute_script("app.setView({navbarMode: 'subcategory', category: arguments[0], "
                                   "subcategory: arguments[1]});", section, sub)
             try:
-                WebDriverWait(driver, min(timeout, 15.0)).until(
-                    lambda d, paths=paths: _all_listed(d.find_element("id", "app").text,
-                                                     [results[p] for p in paths]))
+                WebDriverWait(driver, min(timeout, 15.0)).until(_navigation_lists([results[p] for p in paths]))
             except TimeoutException:
                 text = driver.find_element("id", "app").text
                 missing = [p for p in paths if not _all_listed(text, [results[p]])]
@@ -148,7 +157,7 @@ def _check_sections(driver, out: ReportCheck, shots: Path | None, timeout: float
                     continue
                 driver.execute_script(_SHOW, path)
                 try:
-                    shown = WebDriverWait(driver, timeout).until(lambda d, path=path: d.execute_script(_IMAGE, path))
+                    shown = WebDriverWait(driver, timeout).until(_script_result(_IMAGE, path))
                 except TimeoutException:
                     shown = None
                 if not shown or not shown[2] or shown[0] <= 0:

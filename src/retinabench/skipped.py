@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
 
@@ -116,7 +117,7 @@ def from_subgroup_table(table: pd.DataFrame) -> list[dict]:
 
 
 def collect(planned: list[dict], figure_tables: dict[str, str], *, coverage: str | None = None,
-            subgroup_table: str | None = None, produced: list[str] = ()) -> pd.DataFrame:
+            subgroup_table: str | None = None, produced: Sequence[str] = ()) -> pd.DataFrame:
     """The run's skipped table: ``planned`` rows, each figure job's ``skipped.csv`` (``{output name: path}``), the
     reliability coverage and the fairness table; plus a row for every report section none of whose outputs was
     produced (``produced``: output names the run wrote)."""

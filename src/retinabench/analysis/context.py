@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from retinabench.settings.finetune import FinetuneSettings, SweepSettings
 from retinabench.settings.reliability import AnalysisSettings
@@ -22,7 +22,7 @@ DATASET_FIELDS = ("web_exposure_risk",)
 
 
 def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for f in fields:
         if f not in entry:
             if f in ("exposure",):
@@ -164,8 +164,8 @@ class AnalysisContext:
         return ctx
 
 
-def choose_headline(protocols: list[str], settings: dict, *, ft_protocols: list[str] = (),
-                    coverage: list[str] = ()) -> dict:
+def choose_headline(protocols: list[str], settings: dict, *, ft_protocols: Sequence[str] = (),
+                    coverage: Sequence[str] = ()) -> dict:
     """The protocol of the single-protocol analyses: ``analysis.protocol`` when set (role ``configured``); else
     full fine-tuning (``analysis.finetune_protocol``) when it is ranked (role ``headline``, OcularBench's headline
     protocol); else ``analysis.fallback_protocol`` (role ``fallback``, the note says why)."""

@@ -79,7 +79,7 @@ class PeakMemory:
 
     def __init__(self, device: torch.device, baseline_mb: float = 0.0):
         self.device, self.baseline_mb = device, float(baseline_mb)
-        self.kind = None
+        self.kind: str | None = None
         self.at_start_mb = 0.0
 
     def start(self) -> PeakMemory:
@@ -101,5 +101,7 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             return torch.cuda.max_memory_allocated(self.device) / 2**20
         if self.kind == "rss_hwm_delta":
-            return _status_kib("VmHWM") / 1024 - self.baseline_mb
+            hwm = _status_kib("VmHWM")
+            assert hwm is not None  # the kind is rss_hwm_delta only where /proc/self/status has VmHWM
+            return hwm / 1024 - self.baseline_mb
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - self.baseline_mb

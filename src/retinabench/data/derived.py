@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from typing import TypeGuard
 
 import pandas as pd
 
@@ -54,7 +55,7 @@ def derive_map(task: dict) -> dict[str, str] | None:
     return out
 
 
-def is_rules(spec) -> bool:
+def is_rules(spec: object) -> TypeGuard[dict]:
     return isinstance(spec, dict) and "rules" in spec
 
 
@@ -130,6 +131,7 @@ def apply_derive(rows: pd.DataFrame, task: dict) -> pd.DataFrame:
     name = task.get("name", "?")
     if not is_rules(spec):
         mapping = derive_map(task)
+        assert mapping is not None  # a mapping derive (neither None nor rules)
         values = rows[label]
         present = values.dropna().astype(str)
         unmapped = sorted(set(present) - set(mapping))
@@ -138,6 +140,7 @@ def apply_derive(rows: pd.DataFrame, task: dict) -> pd.DataFrame:
         return rows.assign(**{label: values.map(lambda v: mapping[str(v)] if pd.notna(v) else pd.NA)
                               .astype("string")})
     spec = derive_rules(task)
+    assert spec is not None  # a rules derive
     missing_cols = [c for c in spec["sources"] if c not in rows.columns]
     if missing_cols:
         raise DeriveError(f"task {name!r}: derive.sources {missing_cols} are not manifest columns of "
@@ -181,7 +184,7 @@ def derive_values(task: dict) -> dict[str, set[str]]:
         return {}
     if is_rules(spec):
         return dict(_mentioned(spec))
-    return {task["label"]: set(derive_map(task))}
+    return {task["label"]: set(derive_map(task) or {})}
 
 
 def harmonised_groups(tasks: dict[str, dict]) -> dict[str, list[str]]:

@@ -89,10 +89,14 @@ def near_pairs(hashes: np.ndarray, max_distance: int) -> tuple[np.ndarray, np.nd
     for a, b, dist in zip(ui.tolist(), uj.tolist(), d.tolist()):
         for x in members[a]:
             for y in members[b]:
-                out_i.append(min(x, y)), out_j.append(max(x, y)), out_d.append(dist)
+                out_i.append(min(x, y))
+                out_j.append(max(x, y))
+                out_d.append(dist)
     for rows in members.values():
         for x, y in combinations(rows, 2):
-            out_i.append(x), out_j.append(y), out_d.append(0)
+            out_i.append(x)
+            out_j.append(y)
+            out_d.append(0)
     if not out_i:
         return empty
     return np.array(out_i, np.int64), np.array(out_j, np.int64), np.array(out_d, np.int64)

@@ -196,7 +196,7 @@ def render_cfp(rng, anat: dict, size: int) -> np.ndarray:
     tx, ty = rng.normal(0.0, 0.025, size=2)
     c, s = math.cos(theta), math.sin(theta)
 
-    def fwd(u, v):  # retina -> image coordinates
+    def fwd(u: float, v: float) -> tuple[float, float]:  # retina -> image coordinates
         return scale * (c * u - s * v) + tx, scale * (s * u + c * v) + ty
 
     lin = (np.arange(size) + 0.5) / size * 2.0 - 1.0

@@ -18,6 +18,7 @@ Files and folders whose names start with ``.`` are not raw data (``.DS_Store``, 
 """
 from __future__ import annotations
 
+from typing import Any
 import datetime as _dt
 import json
 import os
@@ -86,7 +87,8 @@ class RawState:
         Returns ``{"changed": [...], "added": [...], "removed": [...], "touched": n, "rewritten": bool}``."""
         current = scan(self.root)
         cache = _read(self.cache_path)
-        report = {"changed": [], "added": [], "removed": sorted(set(cache) - set(current)), "touched": 0}
+        report: dict[str, Any] = {"changed": [], "added": [], "removed": sorted(set(cache) - set(current)),
+                                  "touched": 0}
         new_cache: dict[str, tuple[int, int, str | None]] = {}
         rehash = []
         for rel, (size, mtime) in current.items():

@@ -39,6 +39,7 @@ Pixel formats are converted explicitly, never by a bare ``convert("RGB")`` (whic
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class DecodedImage:
         return self.image.size
 
 
-def decode_image(path: str | Path) -> DecodedImage:
+def decode_image(path: str | os.PathLike) -> DecodedImage:
     """The image at ``path``, fully decoded to 8-bit RGB (module docstring: the rules); an unreadable file or an
     unconvertible pixel format is an :class:`ImageReadError` naming the file."""
     path = Path(path)

@@ -36,6 +36,7 @@ u-u / u-b / b-b / b-u (first letter: training data, second: test data).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -153,6 +154,7 @@ def split_groups(manifest: pd.DataFrame, duplicates: pd.DataFrame | None = None,
         return per[per > 1]
 
     merged, merged_exact = spanning(comp), spanning(comp_pe)
+    report: dict[str, Any]  # counts, and a note where images have no patient id
     report = {"n_images": int(len(m)), "n_patients": int(pid.nunique()), "n_groups": int(out["group_id"].nunique()),
               "groups_merging_patients": int(len(merged)), "patients_in_merged_groups": int(merged.sum()),
               "groups_merging_patients_by_exact_duplicates": int(len(merged_exact)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -27,7 +28,18 @@ def pick_device(requested: str = "auto") -> torch.device:
     return torch.device(requested)
 
 
-def to_model_input(batch_u8: np.ndarray, encoder: Encoder, device: torch.device) -> torch.Tensor:
+class InputSpec(Protocol):
+    """What the input transform reads of a model: an :class:`Encoder` or a dual encoder's image tower."""
+
+    @property
+    def input_size(self) -> int: ...
+    @property
+    def mean(self) -> tuple: ...
+    @property
+    def std(self) -> tuple: ...
+
+
+def to_model_input(batch_u8: np.ndarray, encoder: InputSpec, device: torch.device) -> torch.Tensor:
     """uint8 NHWC -> normalised float NCHW at the encoder's input size.
 
     The result keeps the cache's NHWC memory order (a channels_last tensor): convolutions read it without a copy.

@@ -91,6 +91,7 @@ def spearman_figure(matrices: dict[str, tuple[pd.DataFrame, pd.DataFrame]], out_
         ax.set_xticks(range(rho.shape[1]), list(rho.columns), rotation=30, ha="right", rotation_mode="anchor")
         ax.set_yticks(range(rho.shape[0]), list(rho.index))
         ax.set_title(name)
+    assert im is not None  # matrices is not empty (one panel each)
     cbar = fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.04, pad=0.03)
     cbar.set_label("Spearman ρ")
     sub = f"* p < {alpha:g} (two-sided)" + (f"; {n_encoders} encoders" if n_encoders else "")

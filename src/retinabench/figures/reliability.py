@@ -44,7 +44,8 @@ def reliability_diagrams(tables: dict, encoders: dict, out_dir, sel: dict, **_) 
     cal = _select(tables["calibration"], sel)
     if bins.empty:
         return [], [_skip("all", f"no calibration bins for {_sel_text(sel)}")]
-    paths, skipped = [], []
+    paths: list[str] = []
+    skipped: list[dict] = []
     encs_all = _encoder_order(encoders, bins["encoder"].unique())
     for dataset in sorted(bins["dataset"].unique()):
         db = bins[bins["dataset"] == dataset]
@@ -59,7 +60,7 @@ def reliability_diagrams(tables: dict, encoders: dict, out_dir, sel: dict, **_) 
             rows = [-(-len(encs) // ncols) for _, encs in page]
             fig = plt.figure(figsize=figsize(sum(rows) * _DIAGRAM_ROW_MM + 6 * len(page) + _CHROME_MM, "double"),
                              layout="constrained")
-            subs = np.atleast_1d(fig.subfigures(len(page), 1, height_ratios=[r + 0.15 for r in rows]))
+            subs = fig.subfigures(len(page), 1, squeeze=False, height_ratios=[r + 0.15 for r in rows]).ravel()
             for sub, (task, encs), nrow in zip(subs, page, rows):
                 axes = sub.subplots(nrow, ncols, squeeze=False, sharex=True, sharey=True)
                 sub.suptitle(task, fontsize=FONT["title"], fontweight="bold")

@@ -3,11 +3,13 @@ figure draws, how panel groups are named and packed onto pages of at most the pr
 from __future__ import annotations
 
 import re
+from typing import Sequence, TypeVar
 
 import pandas as pd
 
 # Vertical space (mm) a page needs beyond its panels: title lines, axis labels, legend rows.
 _CHROME_MM = 30.0
+K = TypeVar("K")  # a page block's key
 
 
 def _select(df: pd.DataFrame, sel: dict, *, own_task: bool = True, threshold: str | None = None,
@@ -48,10 +50,10 @@ def file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("_") or "all"
 
 
-def _pack(blocks: list[tuple[object, float]], budget_mm: float) -> list[list[object]]:
+def _pack(blocks: Sequence[tuple[K, float]], budget_mm: float) -> list[list[K]]:
     """Greedy pages of whole blocks (a block = its key and height in mm), each page at most ``budget_mm`` tall
     (a block taller than a page gets a page of its own)."""
-    pages: list[list[object]] = []
+    pages: list[list[K]] = []
     used = budget_mm + 1
     for key, h in blocks:
         if used + h > budget_mm and (not pages or pages[-1]):

@@ -4,6 +4,8 @@ learning-rate transfer check (validation metric over the lr grid on the sweep an
 pretraining domain."""
 from __future__ import annotations
 
+from typing import Any
+
 from retinabench.figures import LR_ENCODERS_PER_PAGE, lr_transfer_pages  # noqa: F401 (defined once, for the planner)
 
 from retinabench.figures.style import (FONT, domain_color, domain_handles,  # noqa: I001
@@ -123,7 +125,8 @@ def lr_transfer_figure(table: pd.DataFrame, encoders: dict[str, dict], out_png, 
     encs = [e for e in encoders if e in set(table["encoder"])] + sorted(set(table["encoder"]) - set(encoders))
     stages = sorted(table["stage"].unique())
     metric = table["metric"].iloc[0]
-    styles = {"sweep task": dict(ls="-", color="#1f4e79"), "transfer check": dict(ls="--", color="#C44E52")}
+    styles: dict[str, dict[str, Any]] = {"sweep task": dict(ls="-", color="#1f4e79"),
+                                         "transfer check": dict(ls="--", color="#C44E52")}
     level = {}
     if baselines is not None and len(baselines):
         level = baselines.drop_duplicates("task").set_index("task")["majority"].to_dict()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from typing import Any
 
 import matplotlib
 
@@ -28,7 +29,8 @@ DOMAIN_COLORS = {
     "natural": "#4C72B0", "pathology": "#C44E52", "radiology": "#8172B3", "cfp": "#DD8452",
     "oct": "#55A868", "cfp+oct": "#937860", "none": "#8C8C8C",
 }
-BASELINE_STYLE = {"majority": dict(color="#7F7F7F", ls="--", lw=0.9), "chance": dict(color="#B0B0B0", ls=":", lw=0.9)}
+BASELINE_STYLE: dict[str, dict[str, Any]] = {"majority": dict(color="#7F7F7F", ls="--", lw=0.9),
+                                             "chance": dict(color="#B0B0B0", ls=":", lw=0.9)}
 
 matplotlib.rcParams.update({
     "font.size": FONT["base"], "axes.titlesize": FONT["title"], "axes.labelsize": FONT["base"],

@@ -56,7 +56,7 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, y_pred: np.nda
             raise ValueError(f"y_pred values {bad} are neither a class index (0..{n_classes - 1}) nor the "
                              f"invalid-answer code {INVALID_PRED}")
     names = [*metric_names(n_classes), *(ANSWER_METRIC_NAMES if answered else ())]
-    out = {name: float(METRICS[name].compute(scored)) for name in names}
+    out = {name: float(METRICS[name].point(scored)) for name in names}
     if len(scored.present) < 2:  # ranking metrics are undefined with one class present
         out["auroc"] = out["auprc"] = float("nan")
     if answered:

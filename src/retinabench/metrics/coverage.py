@@ -19,7 +19,7 @@ STATUSES = ("evaluated", "excluded", "not_evaluated", "skipped", "not_supported"
 class Coverage:
     """Collects coverage rows for one model cell (the fixed keys) and turns them into a frame."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rows: list[dict] = []
 
     def add(self, keys: dict, scope: str, status: str, n_rows: int | None, reason: str = "") -> None:

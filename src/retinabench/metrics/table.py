@@ -48,6 +48,12 @@ class Metric:
             if value not in allowed:
                 raise ValueError(f"metric {self.name!r}: {field} {value!r} is not one of {allowed}")
 
+    def point(self, scored: Scored) -> float:
+        """The metric on ``scored``; an error naming a metric that is not a point estimate."""
+        if self.compute is None:
+            raise ValueError(f"metric {self.name!r} is not a point estimate (it needs {self.needs})")
+        return self.compute(scored)
+
     def applies_to(self, n_classes: int) -> bool:
         return self.tasks == "any" or (self.tasks == "binary") == (n_classes == 2)
 

@@ -88,5 +88,5 @@ def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10) -> dict[str, 
     for name in names:
         if name not in metric_names(k):
             raise KeyError(f"metric {name!r} is not defined for {'binary' if k == 2 else f'{k}-class'} tasks")
-        out[name] = float(metric(name).compute(scored)) if len(scored.y) else float("nan")
+        out[name] = float(metric(name).point(scored)) if len(scored.y) else float("nan")
     return out

@@ -35,12 +35,12 @@ def make_rng(seed: int, *key: object) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=spawn))
 
 
-def cluster_codes(clusters: Sequence) -> tuple[np.ndarray, int]:
+def cluster_codes(clusters: Sequence | np.ndarray) -> tuple[np.ndarray, int]:
     """Integer code per row (0..n_clusters-1, in order of first appearance) and the number of clusters."""
-    clusters = pd.Series(np.asarray(clusters, dtype=object))
-    if clusters.isna().any():
-        raise ValueError(f"cluster bootstrap: {int(clusters.isna().sum())} rows have no cluster (patient) id")
-    codes, uniques = pd.factorize(clusters, sort=False)
+    ids = pd.Series(np.asarray(clusters, dtype=object))
+    if ids.isna().any():
+        raise ValueError(f"cluster bootstrap: {int(ids.isna().sum())} rows have no cluster (patient) id")
+    codes, uniques = pd.factorize(ids, sort=False)
     return codes.astype(np.int64), len(uniques)
 
 
@@ -51,7 +51,7 @@ def draw_cluster_counts(n_clusters: int, n_boot: int, rng: np.random.Generator) 
     return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot)
 
 
-def cluster_weights(clusters: Sequence, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+def cluster_weights(clusters: Sequence | np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """``(n_boot, n_rows)`` weights: row i of resample b counts as many times as its cluster was drawn in b."""
     codes, k = cluster_codes(clusters)
     counts = draw_cluster_counts(k, n_boot, rng)

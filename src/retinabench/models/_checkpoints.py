@@ -35,9 +35,13 @@ StateDictAdapter = Callable[[nn.Module, dict, dict, KeyReport], None]
 # --- the files ----------------------------------------------------------------------------------------------------
 def _locked_record(entry: dict) -> dict:
     try:
-        return verified_record(entry)
+        record = verified_record(entry)
     except LockError as err:
         raise WeightsError(str(err)) from err
+    if record is None:
+        raise WeightsError(f"encoder {entry['name']!r}: no lock record (its weights origin is not pinned by the "
+                           f"lock file)")
+    return record
 
 
 def _verify(entry: dict, files: dict[str, Path], record: dict) -> None:

@@ -49,6 +49,7 @@ def _open_clip_module(entry: dict, device: torch.device | None = None) -> nn.Mod
     model = _open_clip_model(entry, device)
     if getattr(model.visual, "_global_pool", None) is None or getattr(model.visual, "pool_type", "tok") != "tok":
         raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} does not pool the class token")
+    assert isinstance(model.visual, nn.Module)
     return _OpenClipVisual(model.visual, entry["pooling"])
 
 

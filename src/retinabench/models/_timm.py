@@ -4,6 +4,7 @@ resampled from the checkpoint's grid to the input grid, as timm's own pretrained
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -83,7 +84,8 @@ def resample_pos_embed(module: nn.Module, sd: dict, entry: dict, report: KeyRepo
     what = f"encoder {entry['name']!r}"
     target = module.state_dict()["pos_embed"]
     prefix = 0 if getattr(module, "no_embed_class", False) else getattr(module, "num_prefix_tokens", 1)
-    patch = module.patch_embed.patch_size[0]
+    patch_embed: Any = module.patch_embed  # timm's PatchEmbed (torch types module attributes Tensor | Module)
+    patch = patch_embed.patch_size[0]
     want_src = (src_size // patch) ** 2 + prefix
     have = sd["pos_embed"]
     if have.shape[1] != want_src:

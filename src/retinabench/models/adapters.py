@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from retinabench.models.mllm import MLLM
 
@@ -31,7 +31,7 @@ def base_record(mllm: MLLM, entry: dict | None = None) -> dict:
     (weights and config; tokenizer / template files excluded), hub id and revision where loaded from the hub."""
     files = {k: v for k, v in (mllm.weights.get("files") or {}).items()
              if k.endswith((".safetensors", ".bin", ".pt", ".pth")) or k == "config.json"}
-    rec = {"name": mllm.name, "class": type(_unwrap(mllm.model)).__name__, "files": files}
+    rec: dict[str, Any] = {"name": mllm.name, "class": type(_unwrap(mllm.model)).__name__, "files": files}
     for k in ("hub_id", "revision"):
         if mllm.weights.get(k) or (entry or {}).get(k):
             rec[k] = mllm.weights.get(k) or (entry or {}).get(k)

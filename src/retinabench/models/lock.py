@@ -67,6 +67,8 @@ def lock_entry(entry: dict) -> dict:
         except RepositoryNotFoundError as err:
             raise LockError(f"encoder {name!r}: no hub repo {entry['hub_id']!r} (or it is private)") from err
         revision = info.sha
+        if revision is None:
+            raise LockError(f"encoder {name!r}: the hub gave no commit for {entry['hub_id']!r}")
         files = _hub_files(entry, revision, {s.rfilename for s in info.siblings or []})
         record["revision"] = revision
         record["files"] = {f: sha256_file(hf_hub_download(entry["hub_id"], f, revision=revision)) for f in files}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from retinabench.pipeline.job import Job, write_outputs
 from retinabench.pipeline.stages import stage
@@ -41,7 +42,7 @@ def stage_interface(job: Job) -> None:
     # input `weights` is the entry's own weights_path (a dependency only): the loader reads and verifies it
     # against the entry's sha256 pins, so the run is checked like every registry load
     preds = spec.run(entry, task_inputs(job), prompts, spec.section.of(section).job())
-    extra = {"seconds": round(time.perf_counter() - t0, 2), "n_rows": int(len(preds))}
+    extra: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 2), "n_rows": int(len(preds))}
     if interface == "mllm":
         from retinabench.protocols.mllm import answer_counts
         counts = answer_counts(preds)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from retinabench.pipeline.job import Job, write_artifact, write_outputs
 from retinabench.pipeline.stages import stage
@@ -23,7 +24,7 @@ def stage_frozen(job: Job) -> None:
                             seeds=p["seeds"], regimes=p["regimes"], cfg=p)
     write_artifact(preds, job.output["predictions"], "predictions")
     write_artifact(log, job.output["log"], "training_log")
-    extra = {"seconds": round(time.perf_counter() - t0, 2)}
+    extra: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 2)}
     if "knn" in p["names"]:  # the neighbour count each training regime used (k: auto resolves per regime)
         from retinabench.data.splits import regime_rows
         from retinabench.protocols.knn import resolve_k

@@ -12,7 +12,7 @@ from retinabench.pipeline.stages import stage
 
 
 def _versions(*names: str) -> dict:
-    out = {}
+    out: dict[str, str | None] = {}
     for n in names:
         try:
             out[n] = metadata.version(n)

@@ -37,7 +37,7 @@ JITTER = ("brightness", "contrast", "saturation", "hue")
 
 def settings_of(aug: AugmentSettings | dict | None) -> AugmentSettings:
     """The typed augmentation settings (a partial dict gets the defaults; unknown keys fail)."""
-    return AugmentSettings.of(aug, "finetune.augment")
+    return aug if isinstance(aug, AugmentSettings) else AugmentSettings.of(aug, "finetune.augment")
 
 
 def draw_params(a: AugmentSettings, seed: int) -> dict:

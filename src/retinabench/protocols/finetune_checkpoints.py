@@ -33,7 +33,8 @@ class DivergedError(FloatingPointError):
 
 
 def rng_state(device: torch.device) -> dict:
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # the legacy form of the Mersenne Twister state
     state = {"torch": torch.get_rng_state(), "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
                                                        *np_state[2:]],
              "python": random.getstate()}

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from retinabench.settings.base import Section
 from retinabench.settings.protocols import MLLMSection, MLLMSettings, ZeroShotSection, ZeroShotSettings
 
 __all__ = ["INTERFACES", "InterfaceSpec", "MLLMSettings", "TaskInput", "ZeroShotSettings", "finish_predictions",
@@ -54,7 +55,7 @@ class InterfaceSpec:
     entry_interface: str
     protocols: tuple[str, ...]
     settings: type
-    section: type
+    section: type[Section]
     job: str
     kind: str = "images+prompts"
     gpu: int = 1

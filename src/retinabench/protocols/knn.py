@@ -14,7 +14,9 @@ def resolve_k(k: int | str, n_train: int) -> int:
     """The neighbour count used (``k`` as the ``knn:`` section types it: a positive integer or ``auto``):
     ``auto`` is ``min(AUTO_K, n_train)``; a number larger than the training set is an error (capping it silently
     would report a different protocol than the one configured)."""
-    if k == "auto":
+    if isinstance(k, str):
+        if k != "auto":
+            raise ValueError(f"knn: k = {k!r}; a positive integer or auto")
         return max(1, min(AUTO_K, n_train))
     if k > n_train:
         raise ValueError(f"knn: k = {k} but the training set has {n_train} images; lower knn.k or set k: auto")

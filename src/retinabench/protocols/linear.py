@@ -6,6 +6,7 @@ learning rate work across encoders whose embedding scales differ by orders of ma
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +40,8 @@ def train_linear_probe(train_x, train_y, val_x, val_y, n_classes: int, *, seed: 
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = cfg.epochs * cfg.steps_per_epoch
     sched = make_scheduler(opt, total, cfg.warmup_frac)
-    best_loss, best_state, log = float("inf"), None, []
+    best_state: dict[str, Any] | None = None
+    best_loss, log = float("inf"), []
     perm, pos, step = torch.randperm(len(xt), generator=gen), 0, 0
     for epoch in range(cfg.epochs):
         head.train()
@@ -64,6 +66,8 @@ def train_linear_probe(train_x, train_y, val_x, val_y, n_classes: int, *, seed: 
             best_loss, best_state = val_loss, copy.deepcopy(head.state_dict())
         log.append({"epoch": epoch, "step": step, "lr": sched.get_last_lr()[0],
                     "train_loss": running / cfg.steps_per_epoch, "val_loss": val_loss, "best": improved})
+    if best_state is None:
+        raise FloatingPointError("linear head: the validation loss was never finite; no epoch to keep")
     head.load_state_dict(best_state)
     # Fold standardisation into the layer: W' = W / std, b' = b - W' @ mean.
     folded = nn.Linear(xt.shape[1], n_classes)

@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -224,7 +224,7 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     batch, accum = settings.per_process(entry, world)
     bf16, grad_ckpt = _resolve_precision(settings, mllm.device)
-    run = {"settings": settings.record(), "examples_sha256": _examples_fingerprint(examples),
+    run: dict[str, Any] = {"settings": settings.record(), "examples_sha256": _examples_fingerprint(examples),
            "n_examples": len(examples), "base": base_record(mllm, entry), "prompt_set": prompt.set_name,
            "batch_size": batch, "grad_accum": accum, "world_size": world, "effective_batch": batch * accum * world,
            "bf16": bf16, "gradient_checkpointing": grad_ckpt}

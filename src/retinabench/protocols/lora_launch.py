@@ -98,6 +98,7 @@ def _run_group(spec: dict, n_processes: int, spec_path: Path, log) -> None:
     tail: list[str] = []
     errors: list[str] = []  # the ranks' own exceptions (torchrun's summary that follows them names no cause)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             line = line.rstrip("\n")
             log(line)

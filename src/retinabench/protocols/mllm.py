@@ -97,7 +97,8 @@ def _batch_inputs(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], ima
     return out
 
 
-def generate_answers(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], images: Sequence[np.ndarray], *,
+def generate_answers(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], images: Sequence[np.ndarray] | RowView,
+                     *,
                      max_new_tokens: int = DEFAULTS["max_new_tokens"], batch_size: int = DEFAULTS["batch_size"],
                      score: bool = True) -> pd.DataFrame:
     """Answer text and yes/no scores for each (question, image), in order, from one generate() per batch.

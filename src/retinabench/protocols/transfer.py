@@ -77,7 +77,7 @@ def run_transfer(tasks: list[dict], features: dict[str, tuple[pd.Index, np.ndarr
                     probas = [spec.predict(model, q) for *_, q in queries]
                     val_proba = probas[0]
                     for (regime, tgt, rows, _), proba in zip(queries[1:], probas[1:]):
-                        common = dict(encoder=encoder, protocol=protocol, seed=seed, regime=regime)
+                        common: dict[str, Any] = dict(encoder=encoder, protocol=protocol, seed=seed, regime=regime)
                         # The source's validation rows are repeated under every regime of this training
                         # regime, as the frozen protocol does, so each regime's cell is self-contained.
                         if tgt is src:

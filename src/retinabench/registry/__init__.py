@@ -40,7 +40,10 @@ def schema_validator(name: str) -> jsonschema.Draft202012Validator:
     """Validator of ``schemas_json/<name>.schema.json``; its ``$ref`` to ``id.schema.json`` resolves to the id schema."""
     from referencing import Registry, Resource
     ids = Resource.from_contents(_schema(ID_SCHEMA))
-    return jsonschema.Draft202012Validator(_schema(name), registry=Registry().with_resource(ids.id(), ids))
+    uri = ids.id()
+    if uri is None:
+        raise ValueError(f"schemas_json/{ID_SCHEMA}.schema.json has no $id: other schemas cannot $ref it")
+    return jsonschema.Draft202012Validator(_schema(name), registry=Registry().with_resource(uri, ids))
 
 
 def schema_message(err: jsonschema.ValidationError) -> str:

@@ -163,8 +163,9 @@ def unlocked(names: Iterable[str], encoders: dict[str, dict]) -> list[str]:
     return out
 
 
-def verified_record(entry: dict) -> dict:
-    """The entry's lock record, or a :class:`LockError` saying how to create it."""
+def verified_record(entry: dict) -> dict | None:
+    """The entry's lock record (None for an entry that needs none), or a :class:`LockError` saying how to create
+    it."""
     record = entry.get("lock")
     state = lock_state(entry, record)
     if state in ("NOT LOCKED", "STALE"):

@@ -143,8 +143,8 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
         temperature, t_note = cal.fit_temperature(yv, pv)
         rules: list[tuple[str, float | None, str]] = [(AS_WRITTEN, None, "")]
         if binary:
-            thr, note = choose_threshold(yv, pv[:, 1], rule)
-            rules.append((rule, thr, note))
+            chosen, why = choose_threshold(yv, pv[:, 1], rule)
+            rules.append((rule, chosen, why))
         for name, thr, note in rules:
             vals = point_metrics(("accuracy", "f1", "tpr", "fpr") if binary else ("accuracy", "f1_macro"),
                                  yv, pv, decisions(val, pv, name, thr)) if len(yv) else {}

@@ -85,7 +85,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
                     "train_dataset": train_dataset, "train_task": train_task, "dataset": tasks[task]["dataset"],
                     "task": task, "setting": setting, "regime": p.regime, "bootstrap_unit": boot_unit}
             if ra.empty or rb.empty:
-                rows.append({**base, "skipped": True, "reason": f"no {p['regime']} test predictions for model "
+                rows.append({**base, "skipped": True, "reason": f"no {p.regime} test predictions for model "
                                                                 f"{'a' if ra.empty else 'b'} on this task"})
                 continue
             per_seed = {side: {s: g.set_index("image_id") for s, g in r.groupby("seed")}

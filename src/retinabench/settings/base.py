@@ -20,8 +20,8 @@ Regime = Literal["u-u", "u-b", "b-b", "b-u"]
 # The `features` protocols of retinabench.protocols.registry (tests/protocols/test_registry.py pins the two).
 FeatureProtocol = Literal["knn", "linear", "logreg", "centroid"]
 # The `images` protocols trained by the fine-tuning stage (retinabench.protocols.finetune).
-FINETUNE_PROTOCOLS = ("finetune", "linear_aug")
 FinetuneProtocol = Literal["finetune", "linear_aug"]
+FINETUNE_PROTOCOLS: tuple[FinetuneProtocol, ...] = ("finetune", "linear_aug")
 # Metrics the ranking, the paired bootstrap and the LoRA deltas accept (retinabench.metrics).
 RankMetric = Literal["accuracy", "balanced_accuracy", "auroc", "auprc", "f1_macro", "kappa"]
 PairedMetric = Literal["auroc", "auprc", "accuracy", "f1", "ece"]

@@ -6,6 +6,7 @@ when they order the encoders alike. rho and its two-sided p-value come from :fun
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,7 @@ def spearman(a: pd.Series, b: pd.Series) -> tuple[float, float, str]:
     return float(res.statistic), float(min(1.0, perm.pvalue)), "p: exact permutation"
 
 
-def condition_rankings(ranks: pd.DataFrame, *, metric: str, by: str, fixed: dict[str, str],
+def condition_rankings(ranks: pd.DataFrame, *, metric: str, by: str, fixed: dict[str, Any],
                        keep: list[str] | None = None) -> pd.DataFrame:
     """Encoders × conditions matrix of mean ranks, the conditions being the values of column ``by`` (only those
     in ``keep`` when given, e.g. the protocols run on every encoder and task)."""

@@ -8,6 +8,8 @@ then over the dataset's tasks that have both groups of the pair.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -40,7 +42,7 @@ def subgroup_pairs(table: pd.DataFrame, pairs: dict[str, list[str]], *, metric: 
             raise ValueError(f"subgroup pair for {attribute!r} must name two groups, got {groups}")
         a, b = groups
         da = d[d["attribute"] == attribute]
-        base = {"attribute": attribute, "group_a": a, "group_b": b}
+        base: dict[str, Any] = {"attribute": attribute, "group_a": a, "group_b": b}
         missing = [g for g in (a, b) if g not in set(da["group"])]
         if missing:
             have = sorted(set(da["group"])) or "none"

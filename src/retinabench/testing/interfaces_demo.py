@@ -57,8 +57,8 @@ def run_demo(out: str | Path, *, n_patients: int = 40, repo: str | Path | None =
     out.mkdir(parents=True, exist_ok=True)
     reg = Registries(repo / "config/datasets.yaml", repo / "config/tasks.yaml", repo / "config/encoders.yaml")
     prompts = load_prompts(repo / "config/prompts.yaml")
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         task, manifest, split, ids, images = phantom_inputs(tmp / "phantom", reg, n_patients)
         inputs = [TaskInput(task, split, ids, images, manifest)]
         builders = {"tiny_siglip": tm.build_tiny_siglip, "tiny_open_clip": tm.build_tiny_open_clip,
@@ -78,7 +78,7 @@ def run_demo(out: str | Path, *, n_patients: int = 40, repo: str | Path | None =
     metrics = metrics_table(preds, tasks)
     write_table(metrics, out / "metrics.parquet", "metrics")
     excl = pd.DataFrame(columns=["dataset", "source", "image_id", "scope", "reason"])
-    rel = {"subgroups": [], "gaps": []}
+    rel: dict[str, list[pd.DataFrame]] = {"subgroups": [], "gaps": []}
     for interface in ("zeroshot", "mllm"):
         part = pd.concat([f for f in frames if f["protocol"].str.split("@").str[0].isin(
             INTERFACES[interface].protocols).all()], ignore_index=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -46,11 +47,11 @@ def write_image(path: Path, seed: int, *, grey: bool = False, size: int = SIZE) 
 
 def write_dicom(path: Path, arr: np.ndarray) -> None:
     from pydicom.dataset import FileMetaDataset, Dataset
-    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+    from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
     sop_class = "1.2.840.10008.5.1.4.1.1.77.1.5.1"  # Ophthalmic Photography 8 Bit Image Storage
     meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = sop_class
+    meta.MediaStorageSOPClassUID = UID(sop_class)
     meta.MediaStorageSOPInstanceUID = generate_uid()
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
@@ -71,7 +72,7 @@ def write_dicom(path: Path, arr: np.ndarray) -> None:
 def write_npz(path: Path, seed: int, *, image_key: str | None = "slo_fundus", **scalars) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.asarray(v) for k, v in scalars.items()}
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in scalars.items()}
     if image_key == "slo_fundus":
         arrays["slo_fundus"] = phantom_array(seed, 40)
     elif image_key == "rnflt":

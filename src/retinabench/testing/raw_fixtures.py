@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from retinabench.testing.raw_files import SIZE, write_csv, write_image, write_npz, write_xlsx
 
@@ -243,6 +243,7 @@ HARVARD_COLUMNS = ["filename", "age", "gender", "race", "ethnicity", "language",
 
 
 def fairvision(root: Path) -> None:
+    cohorts: dict[str, tuple[str, list[list[Any]]]]  # cohort -> (label column, csv rows)
     cohorts = {"AMD": ("amd", [["data_00001.npz", 71.2, "female", "white", "non-hispanic", "english", "married",
                                 "intermediate.dry", "training"],
                                ["data_00002.npz", 80.0, "male", "asian", "non-hispanic", "english", "single",
@@ -263,6 +264,7 @@ def fairvision(root: Path) -> None:
 
 
 def fairgenmed(root: Path) -> None:
+    rows: list[list[Any]]  # use, filename, glaucoma, cdr_status, md_severity, se_status, age, gender, race, ethnicity
     rows = [["training", "data_00001.npz", 1, "0.7", "moderate", "myopia", 66, "female", "white", "non-hispanic"],
             ["validation", "data_00002.npz", 0, "0.4", "normal", "emmetropia", 52, "male", "asian", "non-hispanic"],
             ["test", "data_00003.npz", "yes", "0.8", "severe", "myopia", 70, "male", "black", "hispanic"]]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -96,9 +97,10 @@ def build_tiny_llava(folder: str | Path, seed: int = 0, *, text_hidden: int = 32
     vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
                               num_hidden_layers=vision_layers, num_attention_heads=4, image_size=image_size,
                               patch_size=8, projection_dim=vision_hidden)
-    cfg = LlavaConfig(vision_config=vision, text_config=_tiny_llama(len(tok), text_hidden, text_layers),
-                      image_token_index=tok.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
-                      vision_feature_layer=-1, pad_token_id=0)
+    cfg = LlavaConfig(  # type: ignore[call-arg]  # pad_token_id: accepted, not in the signature
+        vision_config=vision, text_config=_tiny_llama(len(tok), text_hidden, text_layers),
+        image_token_index=tok.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-1, pad_token_id=0)
     model = LlavaForConditionalGeneration(cfg).eval()
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 3
@@ -130,9 +132,10 @@ def build_tiny_qwen2_vl(folder: str | Path, seed: int = 0) -> dict:
                 eos_token_id=3)
     vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
-    cfg = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                        vision_end_token_id=ids["<|vision_end|>"], pad_token_id=0)
+    cfg = Qwen2VLConfig(  # type: ignore[call-arg]  # pad_token_id: accepted, not in the signature
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], pad_token_id=0)
     model = Qwen2VLForConditionalGeneration(cfg).eval()
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 3
@@ -158,9 +161,10 @@ def build_tiny_llava_next(folder: str | Path, seed: int = 0) -> dict:
     pins = [[32, 32], [32, 64], [64, 32]]
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                               image_size=32, patch_size=8, projection_dim=32)
-    cfg = LlavaNextConfig(vision_config=vision, text_config=_tiny_llama(len(tok)),
-                          image_token_index=tok.convert_tokens_to_ids("<image>"), image_grid_pinpoints=pins,
-                          vision_feature_select_strategy="default", vision_feature_layer=-1, pad_token_id=0)
+    cfg = LlavaNextConfig(  # type: ignore[call-arg]  # pad_token_id: accepted, not in the signature
+        vision_config=vision, text_config=_tiny_llama(len(tok)),
+        image_token_index=tok.convert_tokens_to_ids("<image>"), image_grid_pinpoints=pins,
+        vision_feature_select_strategy="default", vision_feature_layer=-1, pad_token_id=0)
     model = LlavaNextForConditionalGeneration(cfg).eval()
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 3
     improc = LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
@@ -189,10 +193,11 @@ def build_tiny_gemma3(folder: str | Path, seed: int = 0) -> dict:
                 bos_token_id=2, eos_token_id=3)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
                   patch_size=8)
-    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                       image_token_index=tok.convert_tokens_to_ids(named["image_token"]),
-                       boi_token_index=tok.convert_tokens_to_ids(named["boi_token"]),
-                       eoi_token_index=tok.convert_tokens_to_ids(named["eoi_token"]), pad_token_id=0)
+    cfg = Gemma3Config(  # type: ignore[call-arg]  # pad_token_id: accepted, not in the signature
+        text_config=text, vision_config=vision, mm_tokens_per_image=4,
+        image_token_index=tok.convert_tokens_to_ids(named["image_token"]),
+        boi_token_index=tok.convert_tokens_to_ids(named["boi_token"]),
+        eoi_token_index=tok.convert_tokens_to_ids(named["eoi_token"]), pad_token_id=0)
     model = Gemma3ForConditionalGeneration(cfg).eval()
     with torch.no_grad():  # Gemma 3 initialises its image projection to zero: images would not matter at all
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.2)
@@ -272,11 +277,12 @@ def build_tiny_siglip(folder: str | Path, seed: int = 0, *, tokenizer: str = "wo
     folder = Path(folder)
     tok = _dual_tokenizer() if tokenizer == "wordlevel" else sentencepiece_tokenizer(folder)
     torch.manual_seed(seed)
-    cfg = dict(vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
-                                  image_size=28, patch_size=14),
-               text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
-                                vocab_size=len(tok), max_position_embeddings=16, pad_token_id=0, bos_token_id=2,
-                                eos_token_id=3))
+    cfg: dict[str, Any] = dict(
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=len(tok), max_position_embeddings=16, pad_token_id=0, bos_token_id=2,
+                         eos_token_id=3))
     SiglipModel(SiglipConfig(**cfg)).eval().save_pretrained(folder)
     SiglipImageProcessor(size={"height": 28, "width": 28}, image_mean=[0.5] * 3,
                          image_std=[0.5] * 3).save_pretrained(folder)
@@ -294,12 +300,13 @@ def build_tiny_hf_clip(folder: str | Path, seed: int = 0) -> dict:
     folder = Path(folder)
     tok = _dual_tokenizer()
     torch.manual_seed(seed)
-    cfg = dict(vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
-                                  image_size=32, patch_size=16),
-               text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
-                                vocab_size=len(tok), max_position_embeddings=16, pad_token_id=0, bos_token_id=2,
-                                eos_token_id=3),
-               projection_dim=16)
+    cfg: dict[str, Any] = dict(
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16),
+        text_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=len(tok), max_position_embeddings=16, pad_token_id=0, bos_token_id=2,
+                         eos_token_id=3),
+        projection_dim=16)
     CLIPModel(CLIPConfig(**cfg)).eval().save_pretrained(folder)
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -1,4 +1,5 @@
-"""Helpers shared by adapters: exclusion records and manifest finishing (checks, hashes)."""
+"""Helpers shared by adapters: exclusion records (defined in :mod:`retinabench.data.adapters.exclusions`, which
+``image_ids`` imports without this module) and manifest finishing (checks, hashes)."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from retinabench.data.adapters.exclusions import Exclusions as Exclusions  # adapters import it from here
 from retinabench.data.adapters.image_ids import settle_duplicate_ids
 from retinabench.data.adapters.root_wall import RootWall
 from retinabench.hashing import sha256_file
@@ -38,21 +40,6 @@ def index_files(root: Path, pattern: str, *, key=lambda p: p.stem) -> dict[str, 
         raise DuplicateFileError(f"{root}: {len(clashes)} file name(s) occur more than once under {pattern!r}:\n"
                                  f"{lines}")
     return out
-
-
-class Exclusions:
-    """Collects exclusion rows; ``scope`` is ``image``, ``label:<column>`` or ``normalised``."""
-
-    def __init__(self, dataset: str):
-        self.dataset = dataset
-        self.rows: list[dict] = []
-
-    def add(self, source: str, image_id: str | None, scope: str, reason: str) -> None:
-        self.rows.append({"dataset": self.dataset, "source": source, "image_id": image_id, "scope": scope,
-                          "reason": reason})
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=["dataset", "source", "image_id", "scope", "reason"])
 
 
 def validate_manifest_rows(df: pd.DataFrame, root: Path, dataset: str | None = None) -> None:

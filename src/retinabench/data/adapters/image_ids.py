@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
-    from retinabench.data.adapters.common import Exclusions
+    from retinabench.data.adapters.exclusions import Exclusions
 
 DUPLICATE_POLICIES = ("error", "keep_first")
 DUPLICATE_REASON = "duplicate image id"
@@ -37,6 +37,7 @@ def settle_duplicate_ids(rows: pd.DataFrame, sources: list[str], *, dataset: str
     if not dup.any():
         return rows
     if policy == "keep_first":
+        assert excl is not None, "duplicates: keep_first records the rows it drops: pass `excl`"
         later = ids.duplicated(keep="first")
         for k in later[later].index:  # one reason text for all, so the printed counts group them
             excl.add(sources[k], ids[k], "image",

@@ -84,4 +84,5 @@ def inside_root(root: Path, name: str | Path, *, dataset: str, what: str) -> Pat
     wall = RootWall(root, dataset)
     rel = wall.relative(name, file=what)
     wall.raise_if_breached()
+    assert rel is not None  # None only for a breach, which raised
     return Path(root) / rel

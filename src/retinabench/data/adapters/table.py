@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -77,7 +78,8 @@ def plan(root: Path, entry: dict) -> Plan:
     resolve = _image_resolver(root, wall, cfg.get("image") or {}, frame, dataset)
     id_template = cfg.get("image_id")
 
-    found, seen = [], {}  # (record, source, path, image id) of every row whose image exists
+    found: list[tuple[dict, str, str, str]] = []  # (record, source, path, image id) of every row whose image exists
+    seen: dict[str, str] = {}  # path -> the source row naming it
     for rec in frame.to_dict("records"):
         src = f"{rec['_file']}:row {rec['_row']}"
         rel, why = resolve(rec)
@@ -102,7 +104,7 @@ def plan(root: Path, entry: dict) -> Plan:
         excl.add("(dataset)", None, "normalised",
                  "the dataset publishes no patient ids: each image is its own patient (eyes or repeat images of "
                  "one person cannot be kept together by the splits)")
-    rows = [row for k in kept.index if (row := readers.row(*found[k], excl)) is not None]
+    rows = [row for k in kept.index if (row := readers.row(*found[int(k)], excl)) is not None]
     readers.labels.finish()
     for rel in unlisted:
         excl.add(rel, None, "image", "image not named by any index row: no labels or metadata")
@@ -156,7 +158,7 @@ class _Readers:
 
     def row(self, rec: dict, src: str, rel: str, image_id: str, excl: Exclusions) -> dict | None:
         """The manifest row of one record, or None (recorded) when it has no modality or patient."""
-        row = {"image_id": image_id, "path": rel, "dataset": self.dataset}
+        row: dict[str, Any] = {"image_id": image_id, "path": rel, "dataset": self.dataset}
         for field, coded in self.meta.items():
             row[field] = coded.read(rec, excl, src, image_id)
         if row["modality"] is None:

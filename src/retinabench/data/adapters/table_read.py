@@ -181,7 +181,7 @@ def _read_xlsx(path: Path, spec: dict, dataset: str):
     else:  # multi-row header: parents forward-filled across merged cells, joined as parent/child
         parts = [grid[h - 1] for h in header_rows]
         header = []
-        parents = [None] * len(parts)
+        parents: list[str | None] = [None] * len(parts)
         for col in range(width):
             names = []
             for level, row in enumerate(parts):

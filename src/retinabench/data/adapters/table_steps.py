@@ -19,7 +19,7 @@ class Row(dict):
                                f"{sorted(k for k in self if not k.startswith('_'))}")
 
 
-def apply_fields(frame: pd.DataFrame, fields: dict, *, where: str) -> pd.DataFrame:
+def apply_fields(frame: pd.DataFrame, fields: dict | None, *, where: str) -> pd.DataFrame:
     frame = frame.copy()
     for name, spec in (fields or {}).items():
         if not isinstance(spec, dict):

@@ -78,12 +78,12 @@ def adapt_tvhl(root: Path, entry: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
             if path is None:
                 excl.add(src, image_id, "image", f"image file {name}.jpg not found under {folder}/")
                 continue
-            path = wall.relative(path.as_posix(), file=csv_name, row=i + 2)
-            if path is None:
+            rel = wall.relative(path.as_posix(), file=csv_name, row=i + 2)
+            if rel is None:
                 continue
             dr = labels.read(DR, rec["DR"], source=src, image_id=image_id)
             dme = labels.read(DME, rec["DME"], source=src, image_id=image_id)
-            rows.append({"image_id": image_id, "path": str(path), "dataset": dataset,
+            rows.append({"image_id": image_id, "path": rel, "dataset": dataset,
                          "modality": modality, "patient_id": m["patient"], "eye": eye, "dr3": dr, "dme": dme})
         for stem in sorted(set(on_disk) - listed):
             excl.add(str(on_disk[stem]), f"{modality}_{stem}", "image",
