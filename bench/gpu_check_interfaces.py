@@ -38,7 +38,7 @@ from retinabench.protocols.mllm import (_batch_inputs, generate_answers, greedy_
                                         yes_no_scores)
 from retinabench.protocols.zeroshot import class_embeddings, embed_images, focus_proba, native_proba  # noqa: E402
 from retinabench.registry import load_registry  # noqa: E402
-from retinabench.testing.tiny_models import SPECIAL, WORDS, filler_words, tiny_tokenizer  # noqa: E402
+from retinabench.models.tiny import SPECIAL, WORDS, filler_words, tiny_tokenizer  # noqa: E402
 
 TASK = {"name": "t", "dataset": "d", "label": "dr5", "classes": ["no", "yes"], "harmonised": "any_dr"}
 QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"

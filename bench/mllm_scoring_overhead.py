@@ -22,7 +22,7 @@ from common import interleaved_times, set_threads  # noqa: E402
 from retinabench.prompts import load_prompts  # noqa: E402
 from retinabench.models import load_mllm  # noqa: E402
 from retinabench.protocols.mllm import generate_answers, parse_yes_no  # noqa: E402
-from retinabench.testing.tiny_models import build_tiny_llava  # noqa: E402
+from retinabench.models.tiny import build_tiny_llava  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 REPEATS = 9

@@ -82,9 +82,9 @@ def make_manifest_job():
 
 @pytest.fixture(scope="session")
 def tiny_mllms(tmp_path_factory):
-    """(tests/protocols, tests/pipeline) The tiny LLaVA, Qwen2-VL, LLaVA-NeXT and Gemma 3 (retinabench.testing.tiny_models), built once:
+    """(tests/protocols, tests/pipeline) The tiny LLaVA, Qwen2-VL, LLaVA-NeXT and Gemma 3 (retinabench.models.tiny), built once:
     name -> (entry, folder)."""
-    from retinabench.testing.tiny_models import (build_tiny_gemma3, build_tiny_llava, build_tiny_llava_next,
+    from retinabench.models.tiny import (build_tiny_gemma3, build_tiny_llava, build_tiny_llava_next,
                                                  build_tiny_qwen2_vl)
     root = tmp_path_factory.mktemp("tiny_mllms")
     return {name: (build(root / name), root / name)

@@ -391,7 +391,7 @@ def test_a_weights_path_folder_loads_only_when_every_file_matches_its_pin(tmp_pa
     file is refused, naming it."""
     from retinabench.hashing import sha256_file
     from retinabench.models import load_dual_encoder
-    from retinabench.testing.tiny_models import build_tiny_siglip
+    from retinabench.models.tiny import build_tiny_siglip
     folder = tmp_path / "tiny_siglip"
     entry = build_tiny_siglip(folder)
     pins = {f.name: sha256_file(f) for f in sorted(folder.iterdir())}

@@ -50,7 +50,7 @@ def job_for(rule, root, task, entry, weights, out):
 
 
 def test_zeroshot_and_mllm_stages_write_predictions_metrics_and_sidecars(phantom_files, tiny_mllms, tmp_path):
-    from retinabench.testing.tiny_models import build_tiny_siglip
+    from retinabench.models.tiny import build_tiny_siglip
     root, task = phantom_files
     split = read_table(root / "split.parquet", "split")
     sig = build_tiny_siglip(tmp_path / "sig")

@@ -17,7 +17,7 @@ from retinabench.protocols.zeroshot import ece_difference
 from retinabench.schemas import read_table, write_table
 from retinabench.reliability import evaluate_predictions
 from retinabench.settings import ReliabilitySettings
-from retinabench.testing.tiny_models import build_tiny_siglip
+from retinabench.models.tiny import build_tiny_siglip
 
 from tests.conftest import REPO
 

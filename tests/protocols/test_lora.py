@@ -61,7 +61,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from retinabench.testing.tiny_models import build_tiny_llava
+    from retinabench.models.tiny import build_tiny_llava
     folder = tmp_path_factory.mktemp("lora_base") / "tiny_llava"
     return build_tiny_llava(folder), folder
 
@@ -128,7 +128,7 @@ _QWEN = {}
 def _qwen():
     if not _QWEN:
         import tempfile
-        from retinabench.testing.tiny_models import build_tiny_qwen2_vl
+        from retinabench.models.tiny import build_tiny_qwen2_vl
         folder = tempfile.mkdtemp(prefix="rb-qwen-")
         _QWEN["v"] = (build_tiny_qwen2_vl(folder), folder)
     return _QWEN["v"]
@@ -239,7 +239,7 @@ def test_altered_weights_and_missing_sidecar_fail(base, adapter_copy):
 
 
 def test_wrong_base_model_fails(trained, tmp_path):
-    from retinabench.testing.tiny_models import build_tiny_llava
+    from retinabench.models.tiny import build_tiny_llava
     other = build_tiny_llava(tmp_path / "other", seed=1)  # same architecture, other weights
     with pytest.raises(A.AdapterError, match="weight files differ"):
         A.load_adapter(load_mllm(other, tmp_path / "other"), trained["record"]["adapter"])

@@ -26,7 +26,7 @@ def spec(tmp_path_factory):
     from retinabench.data.phantom import generate_phantom
     from retinabench.data.splits import make_split
     from retinabench.schemas import write_table
-    from retinabench.testing.tiny_models import build_tiny_llava
+    from retinabench.models.tiny import build_tiny_llava
     root = tmp_path_factory.mktemp("lora_launch")
     generate_phantom(root / "phantom", n_patients=24, image_size=64, seed=0)
     man, _ = adapt_phantom(root / "phantom", {"name": "phantom"})

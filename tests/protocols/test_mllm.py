@@ -10,7 +10,7 @@ from retinabench.prompts import load_prompts
 from retinabench.models import answer_tokens, load_mllm
 from retinabench.protocols.mllm import INVALID, generate_answers, parse_yes_no, run_mllm, yes_no_scores
 from retinabench.schemas import conform
-from retinabench.testing.tiny_models import tiny_tokenizer
+from retinabench.models.tiny import tiny_tokenizer
 
 from tests.conftest import REPO
 

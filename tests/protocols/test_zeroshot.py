@@ -12,7 +12,7 @@ from retinabench.models import load_dual_encoder
 from retinabench.protocols.zeroshot import (class_embedding, ece_difference, focus_proba, native_proba,
                                             run_zeroshot)
 from retinabench.schemas import conform
-from retinabench.testing.tiny_models import build_tiny_hf_clip, build_tiny_open_clip, build_tiny_siglip
+from retinabench.models.tiny import build_tiny_hf_clip, build_tiny_open_clip, build_tiny_siglip
 
 from tests.conftest import REPO
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from retinabench.models.keymaps import apply_keymap
-from retinabench.models.sources import build_architecture, register_origin
+from retinabench.models._registry import build_architecture, register_origin
 from retinabench.models.strict import (KeyReport, WeightsError, load_state_dict_strict, probe_embed_dim,
                                        verify_sha256, weights_target)
 from retinabench.registry.lockfile import LockError, local_weights_file, verified_record

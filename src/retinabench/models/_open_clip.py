@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from retinabench.models._checkpoints import checkpoint_loader, load_checkpoint_into
-from retinabench.models.dual_encoder import DualEncoder, module_device
+from retinabench.models._dual import DualEncoder, module_device
 from retinabench.models.preprocess import resolve_normalization
-from retinabench.models.sources import SourceLoader, register_source, weight_files
+from retinabench.models._registry import SourceLoader, register_source, weight_files
 from retinabench.models.strict import WeightsError
 
 

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from retinabench.hashing import SNAKEMAKE_MARKER
-from retinabench.models.sources import register_origin
+from retinabench.models._registry import register_origin
 from retinabench.models.strict import WeightsError, verify_sha256
 
 

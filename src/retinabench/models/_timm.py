@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from retinabench.models._checkpoints import checkpoint_loader
-from retinabench.models.sources import SourceLoader, register_source
+from retinabench.models._registry import SourceLoader, register_source
 from retinabench.models.strict import KeyReport, WeightsError
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from retinabench.models.dual_encoder import DualEncoder, module_device
+from retinabench.models._dual import DualEncoder, module_device
 from retinabench.models.preprocess import check_pipeline_files, resolve_normalization
-from retinabench.models.sources import SourceLoader, register_source, weight_files
+from retinabench.models._registry import SourceLoader, register_source, weight_files
 from retinabench.models.strict import KeyReport, WeightsError
 
 

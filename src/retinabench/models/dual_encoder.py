@@ -3,39 +3,13 @@ loaded strictly by the loader of the entry's library: open_clip, or transformers
 (:data:`~retinabench.models.sources.SOURCES`, ``dual_encoder``). Importing this module imports no torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
+from retinabench.models._dual import DualEncoder, module_device
 from retinabench.models.sources import SOURCES, source_loader
 from retinabench.models.strict import WeightsError
 
-
-@dataclass
-class DualEncoder:
-    """Both towers of a CLIP-like model behind one interface. ``logit_scale`` is the multiplier exp(t) of the
-    stored temperature parameter; ``logit_bias`` is None for the CLIP family (softmax head)."""
-
-    name: str
-    family: str
-    module: Any
-    encode_image: Callable  # normalised float NCHW -> [B, D]
-    encode_text: Callable   # list[str] -> [T, D]
-    input_size: int
-    mean: tuple
-    std: tuple
-    logit_scale: float
-    logit_bias: float | None
-    weights: dict = field(default_factory=dict)
-
-    def to(self, device) -> DualEncoder:
-        self.module.to(device)
-        return self
-
-
-def module_device(module) -> Any:
-    """The device of a module's (first) parameters: where its inputs go."""
-    return next(module.parameters()).device
+__all__ = ["DualEncoder", "load_dual_encoder", "module_device"]
 
 
 def load_dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEncoder:

@@ -71,10 +71,10 @@ def stage_interface_tables(job: Job) -> None:
 
 @stage("tiny_model")
 def stage_tiny_model(job: Job) -> None:
-    """One tiny random model of retinabench.testing.tiny_models (seeded: the same files, hence the same sha256
+    """One tiny random model of retinabench.models.tiny (seeded: the same files, hence the same sha256
     pins, on every build) into the folder the demo registry's entry names as its weights_path."""
     from retinabench.atomic import atomic_folder
-    from retinabench.testing.tiny_models import BUILDERS
+    from retinabench.models.tiny import BUILDERS
     spec = job.params["build"]
     out = Path(job.output["folder"])
     with atomic_folder(out) as built:  # a folder of this writer's own beside `out`, renamed when complete

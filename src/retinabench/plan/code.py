@@ -38,7 +38,7 @@ def stage_sources() -> dict[str, tuple[str, frozenset[str]]]:
             for deco in node.decorator_list:
                 if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "stage":
                     for arg in deco.args:
-                        if isinstance(arg, ast.Constant):
+                        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                             out[arg.value] = (module, frozenset(top | import_names(node, module, False)))
     return out
 

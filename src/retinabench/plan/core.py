@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 
 from retinabench.registry.sizes import SIZE_CLASSES, feature_batch_size
 from retinabench.plan.code import rule_code_hash
@@ -19,19 +20,19 @@ def alternatives(names) -> str:
     return "|".join(re.escape(str(n)) for n in names) or "(?!)"
 
 
-def intended_executor(argv: list[str] | None = None, environ: dict | None = None) -> str | None:
+def intended_executor(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> str | None:
     """The executor this run will use (--executor / -e, else the profile's `executor`), read from the command
     line: Snakemake picks the executor only after it has parsed the Snakefile."""
     import yaml
     argv = sys.argv[1:] if argv is None else argv
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     for i, arg in enumerate(argv):
         if arg in ("--executor", "-e") and i + 1 < len(argv):
             return argv[i + 1]
         if arg.startswith("--executor="):
             return arg.split("=", 1)[1]
     profile = next((argv[i + 1] for i, a in enumerate(argv) if a == "--profile" and i + 1 < len(argv)),
-                   environ.get("SNAKEMAKE_PROFILE"))
+                   env.get("SNAKEMAKE_PROFILE"))
     if profile:
         for folder in (profile, os.path.join(os.path.expanduser("~/.config/snakemake"), profile)):
             cfg = os.path.join(folder, "config.yaml")

@@ -41,6 +41,8 @@ class FinetunePlan:
             raise ValueError(f"finetune.tasks {sorted(set(self.tasks) - set(core.tasks))} are not tasks of this "
                              f"config (its datasets' tasks: {core.tasks})")
         self.sweep_on = self.on and sw.enabled
+        self.sweep_task: str | None
+        self.sensitivity_task: str | None
         self.sweep_task, self.sensitivity_task = sw.tasks(self.tasks) if self.sweep_on else (None, None)
         self.sweep_tasks = [t for t in (self.sweep_task, self.sensitivity_task) if t]
         if set(self.sweep_tasks) - set(core.tasks):

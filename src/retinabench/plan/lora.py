@@ -180,7 +180,8 @@ class LoraPlan:
                 "device": self.settings.device, "source": j.source}
 
     def delta_inputs(self) -> dict:
-        base = sorted({self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks} - {None})
+        base = sorted(p for p in {self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks}
+                      if p is not None)
         datasets = sorted({d for j in self.jobs.values() for d in self.datasets(j)})
         return {"adapters": list(self.prediction_files().values()), "base": base,
                 "manifests": [self.core.path("manifest", dataset=d) for d in datasets]}

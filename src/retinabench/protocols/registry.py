@@ -25,6 +25,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from pydantic import BaseModel
+
 from retinabench.settings import Section, section_model
 
 KINDS = ("features", "images", "prompts")
@@ -68,7 +70,7 @@ class Protocol:
             raise TypeError(f"protocol {self.name!r} has no settings section")
         return section_model(self.section)
 
-    def settings(self, config: Mapping[str, Any]) -> Any:
+    def settings(self, config: Mapping[str, Any] | BaseModel) -> Any:
         """Its typed settings: its section of ``config`` (a whole config or job params holding the section),
         validated by the section's model (unknown keys are an error naming them, with a "did you mean")."""
         return self.settings_model.from_config(config)

@@ -95,7 +95,7 @@ class Section(BaseModel):
         return value
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None):
+    def from_config(cls, config: Mapping[str, Any] | BaseModel | None):
         """This section of ``config`` (a whole config, or job params that hold the section under its key),
         validated; a missing or null section is all defaults. Problems raise one
         :class:`~retinabench.settings.errors.ConfigError` naming each dotted key."""

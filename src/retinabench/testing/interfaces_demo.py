@@ -51,7 +51,7 @@ def run_demo(out: str | Path, *, n_patients: int = 40, repo: str | Path | None =
     from retinabench.schemas import write_table
     from retinabench.reliability import evaluate_predictions
     from retinabench.settings.reliability import ReliabilitySettings
-    from retinabench.testing import tiny_models as tm
+    from retinabench.models import tiny as tm
     repo = Path(repo) if repo else Path(__file__).resolve().parents[3]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ through the *same* loaders users run (no hub, no download).
 
 Each builder returns the registry-style entry that describes the model (the loaders read only the entry and the
 files), so a test, the benchmark and the demo configure the tiny model exactly as a real one.
-``python -m retinabench.testing.tiny_models OUT`` writes all of them under ``OUT`` (the demo's models).
+``python -m retinabench.models.tiny OUT`` writes all of them under ``OUT`` (the demo's models).
 """
 from __future__ import annotations
 
@@ -340,7 +340,7 @@ def build_all(out: str | Path) -> dict[str, dict]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m retinabench.testing.tiny_models OUT_DIR", file=sys.stderr)
+        print("usage: python -m retinabench.models.tiny OUT_DIR", file=sys.stderr)
         return 2
     for name, e in build_all(argv[0]).items():
         print(f"{name}: {e['weights']}")
