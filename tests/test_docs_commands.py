@@ -26,8 +26,6 @@ RUNNABLE = [re.compile(p) for p in (
     r"^python -m retinabench\.settings (schema|docs) --check$",
 )]
 README_MAX_BYTES = 10 * 1024
-# Pages of issue 24 written on a parallel branch; the README links them already (drop this when they are merged).
-WRITTEN_ON_OTHER_BRANCHES = {"docs/reproduction.md"}
 
 
 def shell_commands(path: Path) -> list[tuple[int, str]]:
@@ -94,7 +92,7 @@ def test_readme_is_a_front_door():
     for heading in ("## A five-minute tour", "## Where to go next"):
         assert heading in text
     for link in re.findall(r"\]\((docs/[^)#]+)", text):  # every page the README links exists
-        assert (REPO / link).is_file() or link in WRITTEN_ON_OTHER_BRANCHES, link
+        assert (REPO / link).is_file(), link
 
 
 def test_the_classifier_and_the_extractor(tmp_path):
