@@ -55,6 +55,20 @@ def test_registries_and_plan_name_no_models_module_even_lazily():
     assert not sorted(m for m in reached if m.startswith("retinabench.models")), reached
 
 
+def test_every_loading_entry_point_registers_the_built_in_loaders():
+    """A fresh process that loads an MLLM through models.mllm alone (not models.sources) reaches the origin's loader
+    ('weight file ... not found'), not an empty registry ('unknown weights origin 'path'': the demo's failure); a
+    registry used before models.sources registered the built-ins refuses, naming the fix."""
+    out = _fresh("from retinabench.models import _registry\n"
+                 "try:\n    _registry.ORIGINS.names()\nexcept RuntimeError as e:\n    print('refused:', e)\n"
+                 "from retinabench.models.mllm import load_mllm\n"
+                 "try:\n    load_mllm({'name': 'm', 'source': 'transformers', 'interfaces': ['mllm'],\n"
+                 "               'weights_path': '/nonexistent/m'})\nexcept Exception as e:\n    print(e)\n")
+    refused, loaded = out.splitlines()
+    assert refused.startswith("refused:") and "retinabench.models.sources" in refused
+    assert "/nonexistent/m" in loaded and "unknown" not in loaded, loaded
+
+
 def test_models_do_not_import_protocols():
     modules = sorted(f"retinabench.models.{p.stem}" for p in MODELS.glob("*.py") if p.stem != "__init__")
     out = _fresh("import importlib, sys\n"

@@ -38,18 +38,22 @@ class LoaderRegistry(Generic[T]):
         self._loaders[name] = loader
         return loader
 
+    def _ready(self) -> None:
+        if self.before_lookup is None:  # a lookup would miss the built-in loaders and blame the entry
+            raise RuntimeError(f"the {self.kind} registry was used before retinabench.models.sources was imported "
+                               f"(it registers the built-in loaders): import the loading API from there")
+        self.before_lookup()
+
     def get(self, name: str, what: str) -> T:
         """The loader of ``name``; ``what`` names the entry in the error for an unknown one."""
-        if self.before_lookup is not None:
-            self.before_lookup()
+        self._ready()
         try:
             return self._loaders[name]
         except KeyError:
             raise WeightsError(f"{what}: unknown {self.kind} {name!r}") from None
 
     def names(self) -> list[str]:
-        if self.before_lookup is not None:
-            self.before_lookup()
+        self._ready()
         return sorted(self._loaders)
 
 

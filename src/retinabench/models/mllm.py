@@ -95,6 +95,7 @@ def _resolve(device: str, dtype: str):
 def load_mllm(entry: dict, weights: str | Path | None = None, *, device: str = "auto", dtype: str = "auto") -> MLLM:
     """An image-text-to-text entry's model and processor through the strict transformers loader (pinned files,
     or ``weights``: a local folder in the hub layout), bf16 on CUDA."""
+    from retinabench.models import sources  # noqa: F401  (registers the built-in loaders before any lookup)
     from retinabench.models._transformers import load_transformers_with
     if "mllm" not in (entry.get("interfaces") or []):
         raise WeightsError(f"encoder {entry['name']!r} does not declare the mllm interface")

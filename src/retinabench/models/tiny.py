@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from retinabench.atomic import write_text_atomic
+
 WORDS = tuple(("yes no Yes No Yes. No. yes. no. yes, no, yesterday maybe I cannot tell the a an of is in this image "
          "eye retina fundus photograph photo healthy disease diabetic retinopathy glaucoma with without signs "
          "referable show shows does Does answer Answer : . , ? ! Based on respond only or").split())
@@ -223,7 +225,7 @@ def register_tiny_open_clip(folder: str | Path) -> str:
     import open_clip
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{TINY_OPEN_CLIP}.json").write_text(json.dumps(_OPEN_CLIP_CFG))
+    write_text_atomic(folder / f"{TINY_OPEN_CLIP}.json", json.dumps(_OPEN_CLIP_CFG))
     open_clip.add_model_config(folder)
     return TINY_OPEN_CLIP
 
@@ -261,7 +263,7 @@ def sentencepiece_tokenizer(folder: Path, vocab_size: int = 48):
     from transformers import SiglipTokenizer
     folder.mkdir(parents=True, exist_ok=True)
     corpus = folder / "spiece_corpus.txt"
-    corpus.write_text("\n".join(SPIECE_TEXT * 20))
+    write_text_atomic(corpus, "\n".join(SPIECE_TEXT * 20))
     spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "spiece"), vocab_size=vocab_size,
                                    model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
                                    hard_vocab_limit=False, minloglevel=2, num_threads=1)
@@ -333,7 +335,7 @@ def build_all(out: str | Path) -> dict[str, dict]:
         entry = build(folder)
         entry["weights"] = str(folder / entry["weights_file"]) if entry["source"] == "open_clip" else str(folder)
         entries[name] = entry
-    (out / "entries.json").write_text(json.dumps(entries, indent=1))
+    write_text_atomic(out / "entries.json", json.dumps(entries, indent=1))
     return entries
 
 
