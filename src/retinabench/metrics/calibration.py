@@ -6,7 +6,7 @@ bootstrap replicates, reliability diagrams), with edges set by ``reliability.ece
 ``right_closed`` (default) bin i holds (i/10, (i+1)/10] and 0 goes to bin 0; ``focus`` bin i holds
 [i/10, (i+1)/10) and 1 goes to the last bin, as FOCUS's ``expected_calibration_error``
 (dsrestrepo/FOCUS-Retinal-Benchmark, retina_bench/evaluation/calibration.py: ``min(int(p * n), n - 1)`` after
-clipping p to [0, 1]; same floating-point products, so e.g. 0.7 * 10 = 7.000000000000001 lands where FOCUS's does). ECE = sum_b (n_b / n) |mean(target)_b − mean(prob)_b|,
+clipping p to [0, 1]; the same floating-point product, so a probability lands in FOCUS's bin exactly). ECE = sum_b (n_b / n) |mean(target)_b − mean(prob)_b|,
 where (target, prob) is (y == positive, p_pos) for binary tasks and (top label correct, top-label confidence)
 for multi-class tasks.
 
