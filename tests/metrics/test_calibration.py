@@ -65,3 +65,52 @@ def test_temperature_handles_hard_zeros_and_no_rows():
     assert np.isfinite(scaled).all() and np.allclose(scaled.sum(1), 1)
     assert cal.apply_temperature(p, 1.0) == pytest.approx(np.clip(p, 1e-7, 1) / np.clip(p, 1e-7, 1).sum(1, keepdims=True))
     assert cal.fit_temperature(np.array([], int), np.empty((0, 2))) == (1.0, "no validation rows: T = 1")
+
+
+def test_issue_case_focus_left_closed_bins_vs_ours():
+    # y = [1, 0], p = [0.5, 0.45] with 10 bins (issue 26's case).
+    # ours (i/10, (i+1)/10]: 0.5 and 0.45 both in (.4, .5] -> |1/2 - 0.475| = 0.025
+    # focus [i/10, (i+1)/10): 0.5 in [.5, .6), 0.45 in [.4, .5) -> 1/2 |1 - .5| + 1/2 |0 - .45| = 0.475
+    y, p = np.array([1, 0]), np.array([0.5, 0.45])
+    assert cal.binary_ece(y, p) == pytest.approx(0.025)
+    assert cal.binary_ece(y, p, edges="right_closed") == pytest.approx(0.025)
+    assert cal.binary_ece(y, p, edges="focus") == pytest.approx(0.475)
+    assert cal.ece(y, np.c_[1 - p, p], 10, "focus") == pytest.approx(0.475)
+
+
+def test_focus_edges_on_the_edges_and_at_0_and_1():
+    p = np.array([0.0, 0.1, 0.2, 0.5, 0.9, 0.95, 1.0])
+    assert cal.ece_bins(p).tolist() == [0, 0, 1, 4, 8, 9, 9]                  # (i/10, (i+1)/10], 0 -> bin 0
+    assert cal.ece_bins(p, edges="focus").tolist() == [0, 1, 2, 5, 9, 9, 9]   # [i/10, (i+1)/10), 1 -> bin 9
+    # every edge i/10 lands in bin i (focus) or i - 1 (ours); FOCUS clips to [0, 1] before binning
+    edges_ = np.arange(1, 10) / 10
+    assert cal.ece_bins(edges_, edges="focus").tolist() == list(range(1, 10))
+    assert cal.ece_bins(edges_).tolist() == list(range(0, 9))
+    assert cal.ece_bins(np.array([-0.2, 1.3]), edges="focus").tolist() == [0, 9]
+    # p = 1 and p = 0 are in the end bins under both: a perfect, confident model has ECE 0 either way
+    y = np.array([1, 0])
+    for edges in cal.BIN_EDGES:
+        assert cal.binary_ece(y, np.array([1.0, 0.0]), edges=edges) == 0.0
+    # reliability bins follow the same edges: 0.1 counts in bin 0 (ours) or bin 1 (focus)
+    proba = np.c_[[0.9, 0.5], [0.1, 0.5]]
+    assert cal.reliability_bins([1, 0], proba)["n"].tolist()[:2] == [1, 0]
+    assert cal.reliability_bins([1, 0], proba, 10, "focus")["n"].tolist()[:2] == [0, 1]
+    with pytest.raises(ValueError, match="ece_bin_edges"):
+        cal.ece_bins(p, edges="left")
+
+
+def test_weighted_and_point_ece_share_the_edges():
+    from retinabench.metrics.thresholds import point_metrics
+    from retinabench.metrics.weighted import weighted_metrics
+    rng = np.random.default_rng(1)
+    p = np.round(rng.random(200) * 20) / 20  # half the probabilities exactly on an edge: the edges matter
+    y = (rng.random(200) < p).astype(int)
+    proba = np.c_[1 - p, p]
+    W = np.ones((1, 200))
+    for edges in cal.BIN_EDGES:
+        point = point_metrics(["ece", "ece_top_label"], y, proba, proba.argmax(1), edges=edges)
+        reps = weighted_metrics(["ece", "ece_top_label"], y, proba, proba.argmax(1), W, edges=edges)
+        assert point["ece"] == pytest.approx(cal.binary_ece(y, p, edges=edges))
+        assert reps["ece"][0] == pytest.approx(point["ece"])
+        assert reps["ece_top_label"][0] == pytest.approx(point["ece_top_label"])
+    assert cal.binary_ece(y, p, edges="focus") != pytest.approx(cal.binary_ece(y, p))

@@ -200,3 +200,44 @@ def test_quality_gaps_are_accuracy_auroc_auprc_f1_and_ece():
     p3 = rng.dirichlet(np.ones(3), 20)
     _, gaps3 = subgroup_analysis(y3, p3, p3.argmax(1), patients, lab, QUALITY, info, n_boot=1000, rng=make_rng(0))
     assert {r["metric"] for r in gaps3} == {"accuracy", "auroc_macro", "auprc_macro", "f1_macro", "ece_top_label"}
+
+
+def test_one_class_quality_stratum_ece_compute_vs_focus():
+    y, proba, pred, patients, frame = _hand_case()
+    y = y.copy()
+    y[:10] = 1  # the "good" stratum holds positives only
+    frame = frame.assign(quality=np.where(frame["sex"] == "female", "good", "poor"))
+    lab, info = assign_groups(frame, QUALITY)
+    from retinabench.metrics.calibration import binary_ece
+
+    def run(**kw):
+        groups, gaps = subgroup_analysis(y, proba, pred, patients, lab, QUALITY, info, n_boot=1000,
+                                         rng=make_rng(0), **kw)
+        return ({(r["group"], r["metric"]): r for r in groups}, {r["metric"]: r for r in gaps})
+
+    groups, g = run()  # default: compute, the one-class stratum's ECE has a value and so has its gap
+    assert not g["ece"]["skipped"]
+    assert groups[("good", "ece")]["value"] == pytest.approx(binary_ece(y[:10], proba[:10, 1]))
+    assert g["ece"]["gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1]) - binary_ece(y[10:], proba[10:, 1])))
+    groups, g = run(one_class_ece="focus")  # FOCUS: no ECE on one class, so no gap; the reason is recorded
+    assert g["ece"]["skipped"] and "group 'good': one class only (ece_one_class_strata: focus)" == g["ece"]["reason"]
+    assert np.isnan(groups[("good", "ece")]["value"]) and "one class only" in groups[("good", "ece")]["reason"]
+    assert groups[("poor", "ece")]["value"] == pytest.approx(binary_ece(y[10:], proba[10:, 1]))
+    assert not g["accuracy"]["skipped"] and not g["f1"]["skipped"]  # the rule is about ECE only
+    with pytest.raises(ValueError, match="ece_one_class_strata"):
+        run(one_class_ece="drop")
+
+
+def test_quality_ece_uses_the_configured_bins():
+    y, proba, pred, patients, frame = _hand_case()
+    frame = frame.assign(quality=np.where(frame["sex"] == "female", "good", "poor"))
+    lab, info = assign_groups(frame, QUALITY)
+    from retinabench.metrics.calibration import binary_ece
+    # 5 bins move this case's ECE gap (0.2 with 10 bins, either edges; 0.2295 with 5): the settings reach the gaps
+    for edges, n_bins in (("focus", 10), ("right_closed", 5)):
+        _, gaps = subgroup_analysis(y, proba, pred, patients, lab, QUALITY, info, n_boot=1000, rng=make_rng(0),
+                                    n_bins=n_bins, edges=edges)
+        g = {r["metric"]: r for r in gaps}
+        assert g["ece"]["gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1], n_bins, edges)
+                                                    - binary_ece(y[10:], proba[10:, 1], n_bins, edges)))
+        assert n_bins == 10 or g["ece"]["gap"] == pytest.approx(0.22947368, abs=1e-6)

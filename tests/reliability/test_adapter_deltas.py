@@ -142,3 +142,17 @@ def test_the_same_comparison_gets_the_same_intervals_whatever_the_adapter_digest
     again = adapter_deltas(base, adapted.assign(adapter="e" * 64), man, TASKS)
     cols = ["delta", "ci_low", "ci_high", "p_value", "p_bh"]
     pd.testing.assert_frame_equal(res["comparisons"][cols], again["comparisons"][cols])
+
+
+def test_ece_deltas_bin_with_the_configured_edges():
+    from retinabench.metrics.calibration import binary_ece
+    base, adapted, man = world(n_patients=40, seed=2)
+    base = base.assign(p_yes=np.round(base["p_yes"] * 20) / 20)  # half on a bin edge: the edges matter
+    base = base.assign(p_no=1 - base["p_yes"])
+    for edges in ("right_closed", "focus"):
+        comp = adapter_deltas(base, adapted, man, TASKS, metrics=["ece"], n_boot=1000, edges=edges)["comparisons"]
+        row = comp[(comp["dataset"] == "a") & (comp["variant"] == "invalid_wrong")].iloc[0]
+        b = base[base["dataset"] == "a"].sort_values("image_id")
+        assert row["value_base"] == pytest.approx(binary_ece(b["y_true"], b["p_yes"], 10, edges))
+    b = base[base["dataset"] == "a"]
+    assert binary_ece(b["y_true"], b["p_yes"], 10, "focus") != pytest.approx(binary_ece(b["y_true"], b["p_yes"]))

@@ -208,3 +208,36 @@ def test_bootstrap_unit_is_a_setting_recorded_in_the_tables():
     assert not np.allclose(per["patient"]["ci_low"], per["image"]["ci_low"])
     with pytest.raises(ConfigError, match="reliability.bootstrap.unit: Input should be 'patient' or 'image'"):
         ReliabilitySettings.from_config({"reliability": {"bootstrap": {"unit": "eye"}}})
+
+
+def test_focus_ece_conventions_reach_every_ece_table():
+    """reliability.ece_bin_edges and ece_one_class_strata: the metrics, calibration and bins tables bin as set;
+    a quality stratum holding one class gets an ECE gap by default and none, with the reason, under focus."""
+    from retinabench.metrics.calibration import binary_ece
+    manifest, excl, splits, preds = world(n_patients=80)
+    preds = preds.assign(p_yes=np.round(preds["p_yes"] * 20) / 20)  # half on a bin edge: the edges matter
+    preds = preds.assign(p_no=1 - preds["p_yes"])
+    # the "poor" stratum: positives only
+    manifest = manifest.assign(quality=np.where(manifest["lab"] == "yes", manifest["quality"], "good"))
+    out = {}
+    for edges, one in (("right_closed", "compute"), ("focus", "focus")):
+        settings = ReliabilitySettings.from_config({"reliability": {"ece_bin_edges": edges,
+                                                                    "ece_one_class_strata": one}})
+        out[edges] = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, settings, source="frozen")
+    test = preds[(preds["split"] == "test") & (preds["seed"] == 0)]
+    for edges, o in out.items():
+        want = binary_ece(test["y_true"], test["p_yes"], 10, edges)
+        m = o["metrics"]
+        assert m.loc[(m["seed"] == 0) & (m["metric"] == "ece"), "value"].iloc[0] == pytest.approx(want)
+        assert o["calibration"].loc[o["calibration"]["seed"] == 0, "ece_before"].iloc[0] == pytest.approx(want)
+        b = o["bins"][(o["bins"]["seed"] == 0) & (o["bins"]["calibration"] == "before")]
+        first = (test["p_yes"] <= 0.1) if edges == "right_closed" else (test["p_yes"] < 0.1)  # 0.1: bin 0 or 1
+        assert b.loc[b["bin"] == 0, "n"].iloc[0] == first.sum()
+    assert (test["p_yes"] == 0.1).any()
+    assert binary_ece(test["y_true"], test["p_yes"], 10, "focus") != pytest.approx(
+        binary_ece(test["y_true"], test["p_yes"]))
+    gaps = {e: o["gaps"][(o["gaps"]["attribute"] == "quality") & (o["gaps"]["metric"] == "ece")]
+            for e, o in out.items()}
+    assert (~gaps["right_closed"]["skipped"]).all() and gaps["right_closed"]["gap"].notna().all()
+    assert gaps["focus"]["skipped"].all()
+    assert gaps["focus"]["reason"].str.contains("group 'poor': one class only").all()

@@ -154,3 +154,28 @@ def test_paired_hard_decisions_are_y_pred_as_written():
     assert acc["value_b"] == pytest.approx((t["y_true"] == 1).mean())
     auroc = comp[(comp["metric"] == "auroc") & (comp["task"] == "t_cfp")].iloc[0]
     assert auroc["delta"] == 0  # probabilities are the same
+
+
+def test_paired_ece_replicates_use_the_configured_bin_edges():
+    from retinabench.metrics.calibration import binary_ece
+    from retinabench.reliability.paired import paired_metric_replicates
+    ids = [f"i{k}" for k in range(40)]
+    rng = np.random.default_rng(3)
+    y = (rng.random(40) < 0.5).astype(int)
+    per_seed = {}
+    for side in ("a", "b"):
+        q = np.round(rng.random(40) * 20) / 20  # half on a bin edge
+        per_seed[side] = {0: pd.DataFrame({"p_no": 1 - q, "p_yes": q, "y_pred": (q > 0.5).astype(int)}, index=ids)}
+    W = np.ones((1, 40))
+    for edges in ("right_closed", "focus"):
+        values, reps = paired_metric_replicates(per_seed, ids, y, ["p_no", "p_yes"], ["ece"], W, edges=edges)
+        for side in ("a", "b"):
+            want = binary_ece(y, per_seed[side][0]["p_yes"].to_numpy(), 10, edges)
+            assert values[side]["ece"] == pytest.approx(want) and reps[side]["ece"][0] == pytest.approx(want)
+    q = per_seed["a"][0]["p_yes"].to_numpy()
+    assert binary_ece(y, q, 10, "focus") != pytest.approx(binary_ece(y, q))
+    # the key is typed: an unknown value fails naming it
+    settings = ReliabilitySettings.from_config({"reliability": {"ece_bin_edges": "focus"}})
+    assert settings.ece_bin_edges == "focus"
+    with pytest.raises(ConfigError, match="ece_bin_edges"):
+        ReliabilitySettings.from_config({"reliability": {"ece_bin_edges": "left_closed"}})

@@ -87,5 +87,6 @@ rule mllm_lora_deltas:
         code=P.code("mllm_lora_deltas"),
         tasks=LP.delta_params()["tasks"],
         deltas=LP.delta_params()["deltas"],
+        calibration=P.reliability.parts("n_bins", "ece_bin_edges"),
     script:
         STAGE

@@ -83,7 +83,7 @@ rule reliability_paired:
         CORE_ENV
     params:
         code=P.code("reliability_paired"),
-        reliability=REL.parts("paired", "bootstrap", "n_bins"),
+        reliability=REL.parts("paired", "bootstrap", "n_bins", "ece_bin_edges"),
         tasks=REL.plan_tasks,
         sources=REL.paired_sources(),
         encoders=P.encoders,

@@ -1,8 +1,12 @@
 """Calibration: ECE (binary on the positive-class probability; top-label for multi-class), reliability-diagram
 bins, negative log-likelihood, temperature scaling fitted on validation predictions.
 
-Bins: 10 equal-width bins, bin i holding (i/10, (i+1)/10] and 0 going to bin 0 (:func:`ece_bins`, the one binning
-of every ECE of the benchmark: point estimates, bootstrap replicates, reliability diagrams). ECE = sum_b (n_b / n) |mean(target)_b − mean(prob)_b|,
+Bins: 10 equal-width bins (:func:`ece_bins`, the one binning of every ECE of the benchmark: point estimates,
+bootstrap replicates, reliability diagrams), with edges set by ``reliability.ece_bin_edges``:
+``right_closed`` (default) bin i holds (i/10, (i+1)/10] and 0 goes to bin 0; ``focus`` bin i holds
+[i/10, (i+1)/10) and 1 goes to the last bin, as FOCUS's ``expected_calibration_error``
+(dsrestrepo/FOCUS-Retinal-Benchmark, retina_bench/evaluation/calibration.py: ``min(int(p * n), n - 1)`` after
+clipping p to [0, 1]; the same floating-point product, so a probability lands in FOCUS's bin exactly). ECE = sum_b (n_b / n) |mean(target)_b − mean(prob)_b|,
 where (target, prob) is (y == positive, p_pos) for binary tasks and (top label correct, top-label confidence)
 for multi-class tasks.
 
@@ -18,19 +22,26 @@ import pandas as pd
 EPS = 1e-7
 T_BOUNDS = (0.05, 20.0)
 N_BINS = 10
+BIN_EDGES = ("right_closed", "focus")  # reliability.ece_bin_edges
+RIGHT_CLOSED = "right_closed"
 
 
-def ece_bins(prob, n_bins: int = N_BINS) -> np.ndarray:
-    """Bin of each probability: bin i holds (i/n, (i+1)/n]; 0 goes to bin 0."""
+def ece_bins(prob, n_bins: int = N_BINS, edges: str = RIGHT_CLOSED) -> np.ndarray:
+    """Bin of each probability. ``right_closed``: bin i holds (i/n, (i+1)/n], 0 goes to bin 0; ``focus``: bin i
+    holds [i/n, (i+1)/n), 1 goes to bin n - 1 (FOCUS's binning, see the module docstring)."""
     prob = np.asarray(prob, dtype=np.float64)
-    return np.clip(np.ceil(prob * n_bins).astype(int) - 1, 0, n_bins - 1)
+    if edges == RIGHT_CLOSED:
+        return np.clip(np.ceil(prob * n_bins).astype(int) - 1, 0, n_bins - 1)
+    if edges == "focus":
+        return np.minimum((np.clip(prob, 0.0, 1.0) * n_bins).astype(int), n_bins - 1)
+    raise ValueError(f"ECE bin edges {edges!r} unknown (reliability.ece_bin_edges: one of {', '.join(BIN_EDGES)})")
 
 
-def binned_calibration_error(target, prob, n_bins: int = N_BINS) -> float:
+def binned_calibration_error(target, prob, n_bins: int = N_BINS, edges: str = RIGHT_CLOSED) -> float:
     """Sum over equal-width probability bins of |mean target - mean prob| × bin weight."""
     target = np.asarray(target, dtype=float)
     prob = np.asarray(prob, dtype=float)
-    bins = ece_bins(prob, n_bins)
+    bins = ece_bins(prob, n_bins, edges)
     ece = 0.0
     for b in range(n_bins):
         m = bins == b
@@ -39,22 +50,22 @@ def binned_calibration_error(target, prob, n_bins: int = N_BINS) -> float:
     return float(ece)
 
 
-def binary_ece(y_true, p_pos, n_bins: int = N_BINS) -> float:
+def binary_ece(y_true, p_pos, n_bins: int = N_BINS, edges: str = RIGHT_CLOSED) -> float:
     """Positive-class ECE (metric ``ece``): the binned gap between P(y = positive) and p_pos (FOCUS)."""
     y = (np.asarray(y_true) == 1).astype(np.float64)
     if len(y) == 0:
         return float("nan")
-    return binned_calibration_error(y, np.asarray(p_pos, dtype=np.float64), n_bins)
+    return binned_calibration_error(y, np.asarray(p_pos, dtype=np.float64), n_bins, edges)
 
 
-def top_label_ece(y_true, proba, n_bins: int = N_BINS) -> float:
+def top_label_ece(y_true, proba, n_bins: int = N_BINS, edges: str = RIGHT_CLOSED) -> float:
     """Top-label ECE (metric ``ece_top_label``): the binned gap between top-label accuracy and top-label
     confidence."""
     if len(y_true) == 0:
         return float("nan")
     proba = np.asarray(proba, dtype=np.float64)
     correct = (proba.argmax(axis=1) == np.asarray(y_true)).astype(float)
-    return binned_calibration_error(correct, proba.max(axis=1), n_bins)
+    return binned_calibration_error(correct, proba.max(axis=1), n_bins, edges)
 
 
 def calibration_target(y_true, proba) -> tuple[np.ndarray, np.ndarray]:
@@ -66,16 +77,19 @@ def calibration_target(y_true, proba) -> tuple[np.ndarray, np.ndarray]:
     return (proba.argmax(1) == y).astype(np.float64), proba.max(1)
 
 
-def ece(y_true, proba, n_bins: int = 10) -> float:
+def ece(y_true, proba, n_bins: int = 10, edges: str = RIGHT_CLOSED) -> float:
     """Binary ECE on p_pos for two classes, top-label ECE otherwise."""
     proba = np.asarray(proba, dtype=np.float64)
-    return binary_ece(y_true, proba[:, 1], n_bins) if proba.shape[1] == 2 else top_label_ece(y_true, proba, n_bins)
+    if proba.shape[1] == 2:
+        return binary_ece(y_true, proba[:, 1], n_bins, edges)
+    return top_label_ece(y_true, proba, n_bins, edges)
 
 
-def reliability_bins(y_true, proba, n_bins: int = 10) -> pd.DataFrame:
-    """One row per bin: edges, count, mean predicted probability, observed frequency (NaN for empty bins)."""
+def reliability_bins(y_true, proba, n_bins: int = 10, edges: str = RIGHT_CLOSED) -> pd.DataFrame:
+    """One row per bin: edges (``lower``/``upper``; which one is closed: ``edges``), count, mean predicted
+    probability, observed frequency (NaN for empty bins)."""
     target, prob = calibration_target(y_true, proba)
-    bins = ece_bins(prob, n_bins)
+    bins = ece_bins(prob, n_bins, edges)
     rows = []
     for b in range(n_bins):
         m = bins == b

@@ -10,7 +10,8 @@ columns. Each metric is computed by its one function (retinabench.metrics.point)
 ECE vocabulary (the same in every table of the benchmark): ``ece`` is the positive-class ECE of binary tasks (the
 binned gap between P(y = positive) and p_pos; FOCUS), ``ece_top_label`` the top-label ECE (top-label accuracy vs
 top-label confidence). Binary tasks report both, multi-class tasks ``ece_top_label`` only. Both use 10 equal-width
-bins, bin i holding (i/10, (i+1)/10] and 0 going to bin 0.
+bins, bin i holding (i/10, (i+1)/10] and 0 going to bin 0 (this table always: ``reliability.ece_bin_edges`` and
+``n_bins`` apply to the reliability layer's tables).
 
 For binary tasks AUROC and AUPRC use the positive (second) class's probability, which is what their macro
 one-vs-rest forms reduce to for AUROC; for AUPRC it is the standard binary average precision.

@@ -11,7 +11,8 @@ one-vs-rest TPR/FPR/AUROC for multi-class tasks); equalized-odds gap = max(TPR g
 (FOCUS's quality robustness), per group: accuracy, AUROC, AUPRC, F1 and ECE (multi-class: macro AUROC/AUPRC/F1 and
 top-label ECE). Gaps are absolute differences between the two groups (max − min with more groups). A gap is skipped, with the reason recorded, when the attribute has
 no values, fewer than two groups, a group below the minimum size (fairness 10, quality 5 rows), or a group
-without the positives/negatives the metric needs. Never silently.
+without the positives/negatives the metric needs (ECE of a one-class group: only under
+``reliability.ece_one_class_strata: focus``, FOCUS's rule; by default it has a value). Never silently.
 
 CIs: patients (or images, setting ``reliability.bootstrap.unit``) of the analysed rows are resampled with
 replacement (stats.bootstrap.cluster_weights); each replicate recomputes every group's metric on the same draw. ``ci_low``/``ci_high`` are the percentile interval
@@ -124,9 +125,15 @@ def _gap_metrics(binary: bool, kind: str = "fairness") -> tuple[str, ...]:
     return GAP_METRICS_BINARY if binary else GAP_METRICS_MULTI
 
 
-def _requirement(metric: str, binary: bool, y: np.ndarray) -> str | None:
-    """Why ``metric`` is undefined on rows with labels ``y`` (None when it is defined)."""
+def _requirement(metric: str, binary: bool, y: np.ndarray, one_class_ece: str = "compute") -> str | None:
+    """Why ``metric`` is undefined on rows with labels ``y`` (None when it is defined). ``one_class_ece``
+    (``reliability.ece_one_class_strata``): ``focus`` leaves ECE undefined on one class, as FOCUS's
+    ``evaluate_calibration`` (NaN when ``y`` has fewer than two classes); ``compute`` gives it a value."""
     base = metric_family(metric)
+    if base == "ece" and one_class_ece == "focus" and len(np.unique(y)) < 2:
+        return "one class only (ece_one_class_strata: focus)"
+    if base == "ece" and one_class_ece not in ("compute", "focus"):
+        raise ValueError(f"reliability.ece_one_class_strata {one_class_ece!r} unknown: compute | focus")
     if base == "tpr" and binary and not (y == 1).any():
         return "no positive rows"
     if base == "fpr" and binary and not (y == 0).any():
@@ -141,11 +148,13 @@ def _requirement(metric: str, binary: bool, y: np.ndarray) -> str | None:
 
 
 def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribute, info: dict, *,
-                      n_boot: int, rng: np.random.Generator, level: float = 0.95, clusters=None
+                      n_boot: int, rng: np.random.Generator, level: float = 0.95, clusters=None,
+                      n_bins: int = 10, edges: str = "right_closed", one_class_ece: str = "compute"
                       ) -> tuple[list[dict], list[dict]]:
     """(group rows, gap rows) for one attribute on one set of evaluated rows under one decision rule.
 
     ``clusters``: the bootstrap's resampling unit per row (default: ``patients``; image ids resample images).
+    ``n_bins``, ``edges``: the ECE binning (calibration.ece_bins); ``one_class_ece``: see :func:`_requirement`.
 
     Group rows: attribute, group, metric, value, ci_low, ci_high, n, n_patients, n_pos. Gap rows: attribute,
     metric, group_a, group_b, value_a, value_b, n_a, n_b, gap, ci_low, ci_high, difference, diff_ci_low,
@@ -183,12 +192,12 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
     group_rows, point, reps = [], {}, {}
     for g in groups:
         m = labk == g
-        vals = point_metrics(metrics, yk[m], pk[m], prk[m])
-        wreps = weighted_metrics(metrics, yk, pk, prk, W * m)
+        vals = point_metrics(metrics, yk[m], pk[m], prk[m], n_bins=n_bins, edges=edges)
+        wreps = weighted_metrics(metrics, yk, pk, prk, W * m, n_bins=n_bins, edges=edges)
         point[g], reps[g] = vals, wreps
         for metric in metrics:
             lo, hi, _ = percentile_ci(wreps[metric], level)
-            why = _requirement(metric, binary, yk[m])
+            why = _requirement(metric, binary, yk[m], one_class_ece)
             group_rows.append({"attribute": attr.name, "kind": attr.kind, "cut": info.get("cut"), "group": g,
                                "metric": metric, "value": np.nan if why else vals[metric],
                                "ci_low": np.nan if why else lo, "ci_high": np.nan if why else hi,
@@ -203,7 +212,7 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
         return group_rows, skipped_all(reason, groups)
     per_metric: dict[str, dict] = {}
     for metric in metrics:
-        whys = [f"group {g!r}: {w}" for g in groups if (w := _requirement(metric, binary, yk[labk == g]))]
+        whys = [f"group {g!r}: {w}" for g in groups if (w := _requirement(metric, binary, yk[labk == g], one_class_ece))]
         row = {**base_gap, "metric": metric, "group_a": ga if two else ",".join(groups), "group_b": gb if two else None}
         if whys:
             gap_rows.append({**row, "skipped": True, "reason": "; ".join(whys)})

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from retinabench.metrics.calibration import N_BINS, binary_ece, top_label_ece
+from retinabench.metrics.calibration import N_BINS, RIGHT_CLOSED, binary_ece, top_label_ece
 
 INVALID_PRED = -1  # the invalid-answer code of generated-answer predictions
 
@@ -36,6 +36,7 @@ class Scored:
     ordinal: bool = False
     answered: bool = False
     n_bins: int = N_BINS
+    edges: str = RIGHT_CLOSED  # ECE bin edges (reliability.ece_bin_edges)
 
     @classmethod
     def of(cls, y, proba, pred, **kw) -> Scored:
@@ -145,11 +146,11 @@ def auprc(s: Scored) -> float:
 
 
 def ece(s: Scored) -> float:
-    return binary_ece(s.y, s.proba[:, 1], s.n_bins)
+    return binary_ece(s.y, s.proba[:, 1], s.n_bins, s.edges)
 
 
 def ece_top_label(s: Scored) -> float:
-    return top_label_ece(s.y, s.proba, s.n_bins)
+    return top_label_ece(s.y, s.proba, s.n_bins, s.edges)
 
 
 def ppr(s: Scored) -> float:

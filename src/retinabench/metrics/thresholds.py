@@ -79,10 +79,10 @@ def metric_names(n_classes: int) -> tuple[str, ...]:
 THRESHOLD_FREE = threshold_free()
 
 
-def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10) -> dict[str, float]:
+def point_metrics(names, y_true, proba, pred, *, n_bins: int = 10, edges: str = "right_closed") -> dict[str, float]:
     """Point estimates of ``names`` (see the module docstring and retinabench.metrics.point); undefined values
     are NaN, every value NaN without rows."""
-    scored = Scored.of(y_true, proba, pred, n_bins=n_bins)
+    scored = Scored.of(y_true, proba, pred, n_bins=n_bins, edges=edges)
     k = scored.n_classes
     out: dict[str, float] = {}
     for name in names:

@@ -8,7 +8,8 @@ loop over resamples, and group comparisons within one resample stay coupled (sam
 
 The weighted kernels here reproduce scikit-learn's definitions exactly (tests check them against sklearn on
 rows repeated by integer weights): AUROC = Mann–Whitney with ties counted 1/2, AUPRC = average precision
-(step-wise, one step per distinct score), F1 with zero_division=0, ECE with equal-width right-closed bins.
+(step-wise, one step per distinct score), F1 with zero_division=0, ECE with
+equal-width bins (calibration.ece_bins: right-closed, or FOCUS's left-closed edges).
 Point estimates elsewhere come from scikit-learn; these kernels give the bootstrap replicates. Tests of the
 replicates (p-values, Benjamini–Hochberg, the two-stage bootstrap) are in retinabench.stats.bootstrap.
 """
@@ -20,7 +21,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from retinabench.metrics.calibration import ece_bins
+from retinabench.metrics.calibration import RIGHT_CLOSED, ece_bins
 from retinabench.metrics.table import RELIABILITY_BINARY as BINARY_METRICS
 from retinabench.metrics.table import RELIABILITY_MULTICLASS as MULTICLASS_METRICS
 
@@ -123,11 +124,11 @@ def w_average_precision(y, score, W):
     return _out(_ratio((wp * precision).sum(1), P), sq)
 
 
-def w_ece(target, prob, W, n_bins: int = 10):
+def w_ece(target, prob, W, n_bins: int = 10, edges: str = RIGHT_CLOSED):
     """Weighted ECE = sum over bins of |sum w (target - prob)| / sum w (= sum_b n_b/n |acc_b - conf_b|)."""
     W, sq = _as_2d(W)
     d = np.asarray(target, dtype=np.float64) - np.asarray(prob, dtype=np.float64)
-    onehot = np.eye(n_bins)[ece_bins(prob, n_bins)]
+    onehot = np.eye(n_bins)[ece_bins(prob, n_bins, edges)]
     per_bin = (W * d) @ onehot
     return _out(_ratio(np.abs(per_bin).sum(1), W.sum(1)), sq)
 
@@ -142,7 +143,8 @@ def _f1(tp, fp, fn):
     return np.where(den > 0, 2 * tp / np.where(den > 0, den, 1.0), 0.0)  # zero_division=0, as sklearn
 
 
-def weighted_metrics(names: Iterable[str], y, proba, pred, W, *, n_bins: int = 10) -> dict[str, np.ndarray]:
+def weighted_metrics(names: Iterable[str], y, proba, pred, W, *, n_bins: int = 10,
+                     edges: str = RIGHT_CLOSED) -> dict[str, np.ndarray]:
     """Bootstrap replicates (n_boot,) of each metric in ``names`` for weights W (n_boot, n).
 
     Binary names (proba has 2 columns; positive = column 1): auroc, auprc, accuracy, f1, ece (positive-class
@@ -166,9 +168,9 @@ def weighted_metrics(names: Iterable[str], y, proba, pred, W, *, n_bins: int = 1
             elif name == "accuracy":
                 out[name] = _ratio(W @ (pred == y), total)
             elif name == "ece":
-                out[name] = w_ece(y == 1, proba[:, 1], W, n_bins)
+                out[name] = w_ece(y == 1, proba[:, 1], W, n_bins, edges)
             elif name == "ece_top_label":
-                out[name] = w_ece(proba.argmax(1) == y, proba.max(1), W, n_bins)
+                out[name] = w_ece(proba.argmax(1) == y, proba.max(1), W, n_bins, edges)
             else:
                 tp, fp, fn, tn = _confusion(y, pred, W)
                 out[name] = {"f1": lambda: _f1(tp, fp, fn), "ppr": lambda: _ratio(tp + fp, total),  # noqa: B023 (called within the iteration)
@@ -177,7 +179,7 @@ def weighted_metrics(names: Iterable[str], y, proba, pred, W, *, n_bins: int = 1
             if name == "accuracy":
                 out[name] = _ratio(W @ (pred == y), total)
             elif name == "ece_top_label":
-                out[name] = w_ece(proba.argmax(1) == y, proba.max(1), W, n_bins)
+                out[name] = w_ece(proba.argmax(1) == y, proba.max(1), W, n_bins, edges)
             elif name in ("auroc_macro", "auprc_macro"):
                 fn_ = w_auroc if name == "auroc_macro" else w_average_precision
                 per = np.stack([fn_(y == c, proba[:, c], W) for c in range(k)], axis=1)

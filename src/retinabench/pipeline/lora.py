@@ -89,8 +89,10 @@ def stage_lora_deltas(job: Job) -> None:
     adapters = pd.concat([read_table(f, "predictions") for f in job.input["adapters"]], ignore_index=True)
     base = pd.concat([read_table(f, "predictions") for f in job.input["base"]], ignore_index=True)
     manifest = pd.concat([read_table(f, "manifest") for f in job.input["manifests"]], ignore_index=True)
+    cal = p["calibration"]  # reliability.n_bins / ece_bin_edges: the ECE deltas bin as the reliability layer
     res = adapter_deltas(base, adapters, manifest, p["tasks"], metrics=d["metrics"], unit=d["unit"],
-                         n_boot=d["n_boot"], seed=d["seed"], level=d["level"])
+                         n_boot=d["n_boot"], seed=d["seed"], level=d["level"], n_bins=cal["n_bins"],
+                         edges=cal["ece_bin_edges"])
     if len(res["unpaired"]):
         announce(f"lora deltas: {len(res['unpaired'])} adapter results have no base result (table unpaired)")
     protocols = sorted(res["domains"]["protocol"].dropna().unique())

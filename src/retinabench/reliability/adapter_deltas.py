@@ -107,7 +107,7 @@ def pair_results(base: pd.DataFrame, adapted: pd.DataFrame, tasks: dict[str, dic
 
 def adapter_deltas(base: pd.DataFrame, adapted: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[str, dict], *,
                    metrics: Sequence[str] = DELTA_METRICS, unit: str = "patient", n_boot: int = 1000, seed: int = 0,
-                   level: float = 0.95, n_bins: int = 10) -> dict[str, pd.DataFrame]:
+                   level: float = 0.95, n_bins: int = 10, edges: str = "right_closed") -> dict[str, pd.DataFrame]:
     """``{"comparisons", "domains", "pairs", "unpaired"}`` tables (see the module docstring)."""
     from retinabench.reliability.paired import (bh_within_families, paired_metric_replicates,
                                                 summarise_comparisons)
@@ -180,7 +180,7 @@ def adapter_deltas(base: pd.DataFrame, adapted: pd.DataFrame, manifest: pd.DataF
                                  "n_rows": 0, "skipped": True, "reason": "no image answered validly by both"})
                 continue
             values, reps = paired_metric_replicates(per_seed, ids, y[keep], pcols, list(metrics), W[:, keep],
-                                                    n_bins=n_bins)
+                                                    n_bins=n_bins, edges=edges)
             for m in metrics:
                 d = reps["b"][m] - reps["a"][m]
                 lo, hi, n_valid = percentile_ci(d, level)

@@ -125,7 +125,7 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
 
     preds = attach_manifest(prepare_predictions(preds, tasks, source), manifest)
     attributes = attributes_of(settings)
-    n_bins, rule = settings.n_bins, settings.threshold_rule
+    n_bins, edges, rule = settings.n_bins, settings.ece_bin_edges, settings.threshold_rule
     boot = settings.bootstrap
     n_boot, level, boot_unit = boot.n_boot, boot.level, boot.unit
     out: dict[str, list] = {k: [] for k in KINDS}
@@ -165,8 +165,8 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
             names = metric_names(len(classes))
             for name, thr, _ in rules:
                 pred = decisions(test, proba, name, thr)
-                vals = point_metrics(names, y, proba, pred, n_bins=n_bins)
-                reps = weighted_metrics(names, y, proba, pred, W, n_bins=n_bins)
+                vals = point_metrics(names, y, proba, pred, n_bins=n_bins, edges=edges)
+                reps = weighted_metrics(names, y, proba, pred, W, n_bins=n_bins, edges=edges)
                 for metric in names:
                     free = metric in THRESHOLD_FREE
                     if free and name != AS_WRITTEN:
@@ -179,14 +179,14 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
             # calibration: before / after temperature scaling fitted on the unit's validation rows
             # (`ece`: positive-class, binary only; `ece_top_label`: top-label, every task)
             scaled = cal.apply_temperature(proba, temperature)
-            pos = (lambda pr: cal.binary_ece(y, pr[:, 1], n_bins)) if binary else (lambda pr: np.nan)  # noqa: B023 (called within the iteration)
+            pos = (lambda pr: cal.binary_ece(y, pr[:, 1], n_bins, edges)) if binary else (lambda pr: np.nan)  # noqa: B023 (called within the iteration)
             out["calibration"].append({**ckeys, "temperature": temperature, "n_val": int(len(yv)), "n": n,
                                        "ece_before": pos(proba), "ece_after": pos(scaled),
-                                       "ece_top_label_before": cal.top_label_ece(y, proba, n_bins),
-                                       "ece_top_label_after": cal.top_label_ece(y, scaled, n_bins),
+                                       "ece_top_label_before": cal.top_label_ece(y, proba, n_bins, edges),
+                                       "ece_top_label_after": cal.top_label_ece(y, scaled, n_bins, edges),
                                        "nll_before": cal.nll(y, proba), "nll_after": cal.nll(y, scaled), "note": t_note})
             for stage, pr in (("before", proba), ("after", scaled)):
-                out["bins"].append(cal.reliability_bins(y, pr, n_bins).assign(
+                out["bins"].append(cal.reliability_bins(y, pr, n_bins, edges).assign(
                     **ckeys, calibration=stage, metric="ece" if binary else "ece_top_label"))
             # coverage of the cell
             cov.add(covkeys, "test", "evaluated", n, f"{n_pat} patients")
@@ -225,7 +225,8 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
                     rng = make_rng(boot.seed, "subgroup", *ckeys.values(), attr.name)
                     groups, gaps = subgroup_analysis(y, proba, decisions(test, proba, name, thr), patients, labels,
                                                      attr, info, n_boot=n_boot, rng=rng, level=level,
-                                                     clusters=clusters)
+                                                     clusters=clusters, n_bins=n_bins, edges=edges,
+                                                     one_class_ece=settings.ece_one_class_strata)
                     for g in groups:
                         out["subgroups"].append({**ckeys, "split": "test", "threshold": name, **g,
                                                  "bootstrap_unit": boot_unit})

@@ -61,6 +61,7 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     from retinabench.stats.bootstrap import bootstrap_p_value, cluster_weights, make_rng, percentile_ci
     p, boot = settings.paired, settings.bootstrap
     n_boot, level, n_bins, boot_unit = boot.n_boot, boot.level, settings.n_bins, boot.unit
+    edges = settings.ece_bin_edges
     fields = list(p.domain)
     preds = preds[(preds["split"] == "test") & (preds["regime"] == p.regime)]
     own = preds["train_task"] == preds["task"]
@@ -110,7 +111,8 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
             units = patients.astype(str) if boot_unit == "patient" else np.asarray(common, dtype=str)
             W = cluster_weights(units, n_boot, make_rng(boot.seed, "paired", train_task, task, len(common)))
             names = [reliability_name(m, len(classes)) for m in p.metrics]  # p.metrics: metric families
-            values, reps = paired_metric_replicates(per_seed, common, y, pcols, names, W, n_bins=n_bins)
+            values, reps = paired_metric_replicates(per_seed, common, y, pcols, names, W, n_bins=n_bins,
+                                                    edges=edges)
             for base_name, m in zip(p.metrics, names):
                 d = reps["b"][m] - reps["a"][m]
                 lo, hi, n_valid = percentile_ci(d, level)
@@ -160,7 +162,8 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
 
 
 def paired_metric_replicates(per_seed: dict[str, dict], common: list, y: np.ndarray, pcols: list[str],
-                             names: list[str], W: np.ndarray, *, n_bins: int = 10) -> tuple[dict, dict]:
+                             names: list[str], W: np.ndarray, *, n_bins: int = 10,
+                             edges: str = "right_closed") -> tuple[dict, dict]:
     """Point values and bootstrap replicates of ``names`` for each side of a paired comparison, aligned on the
     ``common`` image ids. ``per_seed``: side -> seed -> predictions indexed by image id. A side's value is the mean
     over its seeds, its replicates likewise; one weight matrix ``W`` for both sides (the same draws). Hard
@@ -173,8 +176,8 @@ def paired_metric_replicates(per_seed: dict[str, dict], common: list, y: np.ndar
         for g in seeds.values():
             proba = g.loc[common, pcols].to_numpy(dtype=np.float64)
             pred = g.loc[common, "y_pred"].to_numpy(dtype=np.int64)
-            pv.append(point_metrics(names, y, proba, pred, n_bins=n_bins))
-            rv.append(weighted_metrics(names, y, proba, pred, W, n_bins=n_bins))
+            pv.append(point_metrics(names, y, proba, pred, n_bins=n_bins, edges=edges))
+            rv.append(weighted_metrics(names, y, proba, pred, W, n_bins=n_bins, edges=edges))
         values[side] = {m: float(np.mean([d[m] for d in pv])) for m in names}
         reps[side] = {m: np.mean([d[m] for d in rv], axis=0) for m in names}
     return values, reps

@@ -111,6 +111,12 @@ class ReliabilitySettings(Section):
 
     section: ClassVar[str] = "reliability"
     n_bins: Annotated[int, Field(ge=2)] = Field(10, description="equal-width ECE / reliability-diagram bins")
+    ece_bin_edges: Literal["right_closed", "focus"] = Field(
+        "right_closed", description="ECE / reliability-diagram bin edges: right_closed: bin i is (i/n, (i+1)/n], 0 in "
+                                    "bin 0; focus: [i/n, (i+1)/n), 1 in the last bin (FOCUS's code)")
+    ece_one_class_strata: Literal["compute", "focus"] = Field(
+        "compute", description="ECE of a fairness group or quality stratum holding one class: compute (a value, "
+                               "so its ECE gap has one); focus: none, reason recorded, no ECE gap (FOCUS)")
     threshold_rule: Literal["youden", "f1"] = Field(
         "youden", description="validation-chosen threshold (binary tasks); the protocols' own decisions (threshold "
                               "y_pred, never recomputed from p) are always reported")
