@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from tests.conftest import run_in_copy
@@ -34,6 +35,7 @@ def retinabench(*args, cwd=REPO):
     return subprocess.run([sys.executable, "-m", "retinabench", *args], cwd=cwd, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_own_data_is_checked_and_dry_runs_as_documented(tmp_path, dry_run_workdir):
     data = make_my_fundus(tmp_path / "data", n_patients=30)
     check = retinabench("datasets", "--check", "--configfile", CONFIG, "--config", f"data_root={data}")

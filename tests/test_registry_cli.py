@@ -44,6 +44,7 @@ def run_cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "retinabench", *args], cwd=cwd, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_cli_lists_and_targets(tmp_path):
     from pathlib import Path
     repo = Path(__file__).resolve().parents[1]

@@ -109,6 +109,7 @@ def test_attribution_mass_lies_in_the_region_that_carries_the_label(lesion_model
         assert np.isfinite(delta)
 
 
+@pytest.mark.slow
 def test_attribution_is_reproducible_and_follows_the_noise_seed(lesion_model):
     model, backgrounds = lesion_model
     x = normalise(with_lesion(backgrounds[0], BOXES["upper_left"], np.random.default_rng(1)), MEAN, STD,
