@@ -19,11 +19,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from retinabench.settings.reliability import ECE_BIN_EDGES
+
 EPS = 1e-7
 T_BOUNDS = (0.05, 20.0)
 N_BINS = 10
-BIN_EDGES = ("right_closed", "focus")  # reliability.ece_bin_edges
-RIGHT_CLOSED = "right_closed"
+BIN_EDGES = ECE_BIN_EDGES  # reliability.ece_bin_edges
+RIGHT_CLOSED, FOCUS = ECE_BIN_EDGES
 
 
 def ece_bins(prob, n_bins: int = N_BINS, edges: str = RIGHT_CLOSED) -> np.ndarray:
@@ -32,7 +34,7 @@ def ece_bins(prob, n_bins: int = N_BINS, edges: str = RIGHT_CLOSED) -> np.ndarra
     prob = np.asarray(prob, dtype=np.float64)
     if edges == RIGHT_CLOSED:
         return np.clip(np.ceil(prob * n_bins).astype(int) - 1, 0, n_bins - 1)
-    if edges == "focus":
+    if edges == FOCUS:
         return np.minimum((np.clip(prob, 0.0, 1.0) * n_bins).astype(int), n_bins - 1)
     raise ValueError(f"ECE bin edges {edges!r} unknown (reliability.ece_bin_edges: one of {', '.join(BIN_EDGES)})")
 

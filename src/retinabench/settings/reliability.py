@@ -106,6 +106,10 @@ def _attribute(name: str, column: str, **kw) -> AttributeSettings:
     return AttributeSettings(name=name, column=column, **kw)
 
 
+# ECE bin edge conventions (retinabench.metrics.calibration.ece_bins): ours first (the default), then FOCUS's.
+ECE_BIN_EDGES = ("right_closed", "focus")
+
+
 class ReliabilitySettings(Section):
     """Calibration, thresholds, fairness, transfer and the paired bootstrap (docs/reliability.md)."""
 
