@@ -1,5 +1,6 @@
 """A tiny copy of the workflow (.test/config/config.yaml: phantom data, two offline encoders) run once per test
 session."""
+import copy
 import os
 import re
 import shutil
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import pandas as pd
 import yaml
+from snakemake.utils import update_config  # merged(): the merge snakemake and retinabench's CLI apply
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -61,8 +63,7 @@ def merged(*configs: dict) -> dict:
     """Config files merged the way Snakemake merges several --configfile values (nested mappings key by key)."""
     out: dict = {}
     for c in configs:
-        for k, v in c.items():
-            out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        update_config(out, copy.deepcopy(c))
     return out
 
 
