@@ -86,10 +86,10 @@ def test_entry_architecture_and_published_layout(name, tmp_path):
 
 
 def test_every_study_encoder_is_declared():
-    """The reconstructed lists (docs/encoders.md): 32 named OcularBench encoders and FOCUS's vision models."""
+    """The reconstructed lists (docs/encoders.md): 33 named OcularBench encoders and FOCUS's vision models."""
     ocular = {n for n, e in ENTRIES.items() if "ocularbench" in (e.get("studies") or []) and "variant_of" not in e}
     focus = {n for n, e in ENTRIES.items() if "focus" in (e.get("studies") or []) and "variant_of" not in e}
-    assert len(ocular) == 32, sorted(ocular)
+    assert len(ocular) == 33, sorted(ocular)
     assert focus == {"vit_large_patch16_in21k", "dinov2_vitl14", "dinov3_vitl16", "visionfm_fundus",
                      "retfound_mae_cfp", "retfound_mae_oct", "retfound_mae_meh", "retfound_mae_shanghai",
                      "retfound_dinov2_meh", "retfound_dinov2_shanghai",
