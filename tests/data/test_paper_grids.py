@@ -57,3 +57,21 @@ def test_docs_coverage_table_lists_every_reference_task_and_dataset(registries):
     for name, entry in registries.datasets.items():
         if entry.get("papers"):
             assert f"| `{name}` |" in table, name
+
+
+def test_ocularbench_plus_extends_the_paper_grid_and_changes_nothing_else(registries):
+    """config/ocularbench_plus.yaml, merged over config/ocularbench.yaml, keeps the paper's encoders in order (so
+    their artifacts are reused: same results folder, same settings) and adds DINOv3 (timm) and MIRAGE."""
+    plus = yaml.safe_load((REPO / "config/ocularbench_plus.yaml").read_text())
+    assert set(plus) == {"encoders"}
+    paper = _config("ocularbench")
+    n = len(paper["encoders"])
+    assert plus["encoders"][:n] == paper["encoders"]
+    extension = plus["encoders"][n:]
+    assert extension == ["dinov3_vits16_timm", "dinov3_vitb16_timm", "dinov3_vitl16_timm", "dinov3_vithplus16_timm",
+                         "mirage_base", "mirage_large"]
+    for name in extension:
+        entry = registries.encoders[name]
+        assert entry["source"] == "timm" and "ocularbench" not in (entry.get("studies") or []), name
+    merged = dict(paper, encoders=plus["encoders"])
+    assert plan(merged).encoders == plus["encoders"]

@@ -49,7 +49,8 @@ def test_entry_architecture_and_published_layout(name, tmp_path):
     regs = int((entry.get("model_kwargs") or {}).get("reg_tokens", 0)) or (
         4 if "reg4" in entry["architecture"] else int(entry.get("hf_config", {}).get("num_register_tokens", 0)))
     if entry["pooling"] in ("patch_mean", "cls_patch_mean"):
-        assert _prefix_tokens(module) == 1 + regs  # class and register tokens excluded from the patch mean
+        cls = 0 if (entry.get("model_kwargs") or {}).get("class_token") is False else 1
+        assert _prefix_tokens(module) == cls + regs  # class and register tokens excluded from the patch mean
     if entry["pooling"] == "patch_mean" and hasattr(weights_target(module), "global_pool"):
         assert weights_target(module).global_pool == "avg" and isinstance(weights_target(module).fc_norm,
                                                                            torch.nn.Identity)

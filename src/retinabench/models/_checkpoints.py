@@ -16,6 +16,7 @@ The state dict:
 """
 from __future__ import annotations
 
+import argparse
 import fnmatch
 from pathlib import Path
 from typing import Callable
@@ -99,7 +100,10 @@ def read_state_dict(paths: list[Path]) -> dict:
             from safetensors.torch import load_file
             part = load_file(str(p))
         else:
-            part = torch.load(p, map_location="cpu", weights_only=True)
+            # Training checkpoints (MAE, MultiMAE) pickle their argparse.Namespace of options beside the weights:
+            # allowed as plain data; any other object is still refused by weights_only.
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                part = torch.load(p, map_location="cpu", weights_only=True)
         if len(paths) > 1:
             dup = set(part) & set(out)
             if dup:

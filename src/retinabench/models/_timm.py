@@ -45,6 +45,7 @@ class _TimmConcatPool(nn.Module):
 
 def _timm_module(entry: dict) -> nn.Module:
     import timm
+    from timm.models.eva import Eva  # DINOv3, EVA: rotary position embedding, the same token layout
     from timm.models.vision_transformer import VisionTransformer
     pooling = entry["pooling"]
     kwargs = _timm_kwargs(entry)
@@ -62,8 +63,9 @@ def _timm_module(entry: dict) -> nn.Module:
     elif pooling != "avg":
         raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm CNN (use avg)")
     model = timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
-    if is_vit and not isinstance(model, VisionTransformer):
-        raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} is not a timm VisionTransformer")
+    if is_vit and not isinstance(model, (VisionTransformer, Eva)):
+        raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} is neither a timm VisionTransformer "
+                           f"nor an Eva")
     return _TimmConcatPool(model) if pooling == "cls_patch_mean" else model
 
 

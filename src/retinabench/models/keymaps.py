@@ -178,6 +178,60 @@ def _retizero_lora_inverse(state_dict: dict, rng: torch.Generator | None = None,
 KEYMAPS: dict[str, KeyMap] = {}
 
 
+# --- MIRAGE (j-morano/MIRAGE, a MultiMAE ViT) -> timm ViT (no class token, 1 register token, no final norm) ---
+# The B-scan input adapter is the image tower: a 1-channel patch projection plus a fixed 2D sin-cos position grid
+# (1, D, h, w); the global token (appended after the patch tokens in MIRAGE, prepended as a register token by
+# timm: attention is order-free and neither carries a position) and the encoder blocks (timm's block names).
+# MIRAGE's own reader feeds the first channel of a PNG/JPEG (mirage_wrapper.to_tensor: img[..., 0]) in [0, 1]:
+# the projection is widened to RGB with the weights on channel 0 and zeros elsewhere, the same numbers on any
+# image, grey or not.
+_MIRAGE_BLOCK = re.compile(r"^encoder\.(\d+)\.(.+)$")
+_MIRAGE_TOP = {"input_adapters.bscan.proj.weight": "patch_embed.proj.weight",
+               "input_adapters.bscan.proj.bias": "patch_embed.proj.bias",
+               "input_adapters.bscan.pos_emb": "pos_embed", "global_tokens": "reg_token"}
+
+
+def _mirage_forward(state_dict: dict) -> dict:
+    def rename(k: str) -> str:
+        m = _MIRAGE_BLOCK.match(k)
+        if m:
+            return f"blocks.{m[1]}.{m[2]}"
+        if k in _MIRAGE_TOP:
+            return _MIRAGE_TOP[k]
+        raise KeyError(f"key_map 'mirage_multimae': no mapping for key {k!r} (other input and output adapters "
+                       f"belong in the entry's drop_keys)")
+
+    out = _rename_all(state_dict, rename, "mirage_multimae")
+    if "pos_embed" in out:  # (1, D, h, w) -> (1, h*w, D), row-major as MIRAGE flattens it
+        grid = out["pos_embed"]
+        out["pos_embed"] = grid.flatten(2).transpose(1, 2).contiguous()
+    if "patch_embed.proj.weight" in out:
+        w = out["patch_embed.proj.weight"]
+        if w.shape[1] != 1:
+            raise KeyError(f"key_map 'mirage_multimae': the B-scan projection has {w.shape[1]} input channels, "
+                           f"expected 1")
+        out["patch_embed.proj.weight"] = torch.cat([w, torch.zeros_like(w), torch.zeros_like(w)], dim=1)
+    return out
+
+
+def _mirage_inverse(state_dict: dict, rng: torch.Generator | None = None) -> dict:
+    inv = {v: k for k, v in _MIRAGE_TOP.items()}
+
+    def rename(k: str) -> str:
+        if k.startswith("blocks."):
+            return "encoder." + k[len("blocks."):]
+        if k in inv:
+            return inv[k]
+        raise KeyError(f"no inverse mapping for key {k!r}")
+
+    out = _rename_all(state_dict, rename, "mirage_multimae")
+    pos = out["input_adapters.bscan.pos_emb"]
+    side = int(round(pos.shape[1] ** 0.5))
+    out["input_adapters.bscan.pos_emb"] = pos.transpose(1, 2).reshape(1, pos.shape[2], side, side)
+    out["input_adapters.bscan.proj.weight"] = out["input_adapters.bscan.proj.weight"][:, :1]
+    return out
+
+
 def _register(km: KeyMap) -> None:
     if km.name in KEYMAPS:
         raise ValueError(f"key_map {km.name!r} registered twice")
@@ -195,6 +249,9 @@ _register(KeyMap(
 _register(KeyMap(
     "retizero_lora", _retizero_lora_forward, _retizero_lora_inverse,
     "RetiZero LoRA_ViT (qkv.qkv + linear_{a,b}_{q,v}) -> timm ViT with the LoRA update merged into qkv"))
+_register(KeyMap(
+    "mirage_multimae", _mirage_forward, _mirage_inverse,
+    "MIRAGE MultiMAE (B-scan input adapter, global token, encoder.N) -> timm ViT, projection widened to RGB"))
 
 
 def get_keymap(name: str) -> KeyMap:
