@@ -12,9 +12,9 @@ from retinabench.settings.base import (FINETUNE_PROTOCOLS, Auto, Device, Finetun
 
 
 class AugmentSettings(Section):
-    """Training augmentations, seeded per sample (retinabench.protocols.augment; the paper's list). ``crop`` and
-    ``order`` pick the pipeline: today's geometric zoom (the default) or the OcularBench authors' torchvision
-    pipeline (``random_resized_crop``, ``crop_last``, sharpness 0.2: config/ocularbench.yaml)."""
+    """Training augmentations, seeded per sample (retinabench.protocols.augment; the paper's list). `crop` and
+    `order` pick the pipeline: the geometric zoom (the default) or the OcularBench authors' torchvision pipeline
+    (`random_resized_crop`, `crop_last`, sharpness 0.2: config/ocularbench.yaml)."""
 
     RATIO: ClassVar[tuple[float, float]] = (3.0 / 4.0, 4.0 / 3.0)  # torchvision RandomResizedCrop's default
 
