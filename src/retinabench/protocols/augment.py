@@ -1,13 +1,24 @@
 """Training augmentations of the fine-tuning protocols, seeded per sample.
 
 The paper's list: random resized crop with scale 0.8–1.2, rotation ±5°, horizontal and vertical flips, colour
-jitter (brightness/contrast 0.2, saturation/hue 0.1). torchvision's ``RandomResizedCrop`` cannot take a crop
-*larger* than the image (a scale > 1 silently falls back to the whole image), so the crop is implemented as what
-it means geometrically: a crop covering a fraction ``s ~ U(scale)`` of the image area, resized back to the full
-size, is a zoom by ``1/sqrt(s)`` about the crop centre (``s > 1`` zooms out; the border is black, the background
-of fundus and OCT images anyway). The crop centre is uniform over the positions where a crop of area
-``min(s, 1)`` fits. Zoom, shift and rotation are one affine warp (a single bilinear interpolation); the aspect
-ratio is kept. Flips follow, then colour jitter in a random order per sample (as ``v2.ColorJitter``).
+jitter (brightness/contrast 0.2, saturation/hue 0.1). Two crops (``finetune.augment.crop``):
+
+* ``zoom`` (config/config.yaml): torchvision's ``RandomResizedCrop`` cannot take a crop *larger* than the image,
+  so the crop is implemented as what it means geometrically: a crop covering a fraction ``s ~ U(scale)`` of the
+  image area, resized back to the full size, is a zoom by ``1/sqrt(s)`` about the crop centre (``s > 1`` zooms
+  out; the border is black, the background of fundus and OCT images anyway). The crop centre is uniform over the
+  positions where a crop of area ``min(s, 1)`` fits; the aspect ratio is kept. With ``order: geometry_first``
+  zoom, shift and rotation are one affine warp (a single bilinear interpolation).
+* ``random_resized_crop`` (config/ocularbench.yaml): what the OcularBench authors' code runs (cm090999/dinoret,
+  ``util/datasets.py: build_transform``): torchvision ``RandomResizedCrop(size, scale=[0.8, 1.2])``, whose
+  sampling (:meth:`v2.RandomResizedCrop.get_params`, called here) draws an area fraction in ``scale`` and a
+  log-uniform aspect ratio in ``ratio``, retries until the crop fits inside the image and falls back to a centre
+  crop after 10 tries; the crop is resized back bilinearly (antialiased), as the transform's defaults.
+
+``order`` (``finetune.augment.order``): ``geometry_first`` — crop and rotation, flips, sharpness, colour jitter in
+a random order per sample (as ``v2.ColorJitter``); ``crop_last`` — the authors' order: flips, rotation
+(``RandomRotation``'s default nearest interpolation, black corners), sharpness (``RandomAdjustSharpness``), colour
+jitter (its contrast mean includes the rotated corners), crop last.
 
 Every random number of a sample comes from :func:`draw_params` with that sample's seed, so two paths give the
 same augmentation:
@@ -25,6 +36,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torchvision.transforms import v2
 from torchvision.transforms.functional import _get_inverse_affine_matrix
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
@@ -33,6 +45,8 @@ from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
 from retinabench.settings.finetune import AugmentSettings
 
 JITTER = ("brightness", "contrast", "saturation", "hue")
+ROTATE_INTERPOLATION = InterpolationMode.NEAREST  # v2.RandomRotation's default (the authors' separate rotation)
+CROP_INTERPOLATION = InterpolationMode.BILINEAR  # v2.RandomResizedCrop's default, antialiased
 
 
 def settings_of(aug: AugmentSettings | dict | None) -> AugmentSettings:
@@ -41,10 +55,14 @@ def settings_of(aug: AugmentSettings | dict | None) -> AugmentSettings:
 
 
 def draw_params(a: AugmentSettings, seed: int) -> dict:
-    """All random numbers of one sample's augmentation, from its own generator."""
+    """All random numbers of one sample's augmentation, from its own generator (the crop box of
+    ``random_resized_crop`` needs the image size: :func:`crop_box` of ``crop_seed``)."""
     g = torch.Generator().manual_seed(int(seed))
     r = torch.rand(10, generator=g, dtype=torch.float64).tolist()
     order = torch.randperm(4, generator=g).tolist()
+    # Drawn after the zoom's numbers, so adding them left every earlier draw (and the zoom's results) unchanged.
+    sharpen = torch.rand(1, generator=g, dtype=torch.float64).item()
+    crop_seed = int(torch.randint(0, 2 ** 62, (1,), generator=g).item())
     lo, hi = float(a.scale[0]), float(a.scale[1])
     s = lo + (hi - lo) * r[0]
     side = math.sqrt(min(s, 1.0))  # crop side / image side; a crop larger than the image is centred
@@ -54,15 +72,26 @@ def draw_params(a: AugmentSettings, seed: int) -> dict:
             "brightness": 1.0 + a.brightness * (2.0 * r[6] - 1.0),
             "contrast": 1.0 + a.contrast * (2.0 * r[7] - 1.0),
             "saturation": 1.0 + a.saturation * (2.0 * r[8] - 1.0),
-            "hue": a.hue * (2.0 * r[9] - 1.0)}
+            "hue": a.hue * (2.0 * r[9] - 1.0),
+            "sharpen": a.sharpness != 1.0 and sharpen < a.sharpness_p, "crop_seed": crop_seed}
 
 
-def _affine_args(p: dict, h: int, w: int) -> dict:
+def crop_box(a: AugmentSettings, p: dict, h: int, w: int) -> tuple[int, int, int, int]:
+    """``(top, left, height, width)`` of the sample's ``random_resized_crop`` on an ``h`` × ``w`` image:
+    torchvision's own sampling (``v2.RandomResizedCrop.get_params``, which reads the global CPU generator), run on
+    a fork of that generator seeded with the sample's ``crop_seed`` (the global stream is left as it was)."""
+    size = torch.empty(()).expand(3, h, w)  # only its shape is read
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(p["crop_seed"])
+        return v2.RandomResizedCrop.get_params(size, list(a.scale), list(a.ratio))
+
+
+def _affine_args(p: dict, h: int, w: int, *, rotate: bool = True) -> dict:
     # Zooming by 1/sqrt(s) about the crop centre maps the crop onto the full image: the translation moves the
     # crop centre to the image centre (scaled by the zoom; the ±5° rotation of that shift is ignored).
     zoom = 1.0 / math.sqrt(p["area"])
-    return {"angle": p["angle"], "translate": [-p["cx"] * w * zoom, -p["cy"] * h * zoom], "scale": zoom,
-            "shear": [0.0, 0.0]}
+    return {"angle": p["angle"] if rotate else 0.0, "translate": [-p["cx"] * w * zoom, -p["cy"] * h * zoom],
+            "scale": zoom, "shear": [0.0, 0.0]}
 
 
 class Augment:
@@ -71,14 +100,23 @@ class Augment:
     def __init__(self, aug: AugmentSettings | dict | None):
         self.a = settings_of(aug)
 
-    def __call__(self, img: torch.Tensor, seed: int) -> torch.Tensor:
-        p = draw_params(self.a, seed)
+    def _geometry(self, img: torch.Tensor, p: dict, *, rotate: bool) -> torch.Tensor:
+        """The crop (and the rotation, when ``rotate``) resized back to the image's size."""
         h, w = img.shape[-2:]
-        img = TF.affine(img, **_affine_args(p, h, w), interpolation=InterpolationMode.BILINEAR)
-        if p["hflip"]:
-            img = TF.horizontal_flip(img)
-        if p["vflip"]:
-            img = TF.vertical_flip(img)
+        if self.a.crop == "zoom":
+            return TF.affine(img, **_affine_args(p, h, w, rotate=rotate), interpolation=InterpolationMode.BILINEAR)
+        if rotate:
+            img = self._rotate(img, p)
+        return TF.resized_crop(img, *crop_box(self.a, p, h, w), size=[h, w], interpolation=CROP_INTERPOLATION,
+                               antialias=True)
+
+    @staticmethod
+    def _rotate(img: torch.Tensor, p: dict) -> torch.Tensor:
+        return TF.rotate(img, p["angle"], interpolation=ROTATE_INTERPOLATION)
+
+    def _photometric(self, img: torch.Tensor, p: dict) -> torch.Tensor:
+        if p["sharpen"]:
+            img = TF.adjust_sharpness(img, self.a.sharpness)
         ops = {0: (TF.adjust_brightness, "brightness"), 1: (TF.adjust_contrast, "contrast"),
                2: (TF.adjust_saturation, "saturation"), 3: (TF.adjust_hue, "hue")}
         for k in p["order"]:
@@ -86,6 +124,21 @@ class Augment:
             if getattr(self.a, name):
                 img = fn(img, p[name])
         return img
+
+    @staticmethod
+    def _flips(img: torch.Tensor, p: dict) -> torch.Tensor:
+        if p["hflip"]:
+            img = TF.horizontal_flip(img)
+        if p["vflip"]:
+            img = TF.vertical_flip(img)
+        return img
+
+    def __call__(self, img: torch.Tensor, seed: int) -> torch.Tensor:
+        p = draw_params(self.a, seed)
+        if self.a.order == "geometry_first":
+            return self._photometric(self._flips(self._geometry(img, p, rotate=True), p), p)
+        img = self._photometric(self._rotate(self._flips(img, p), p), p)
+        return self._geometry(img, p, rotate=False)
 
     def __repr__(self) -> str:
         return f"Augment({self.a})"
@@ -115,26 +168,68 @@ def _jitter_op(k: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return _hsv_to_rgb(torch.stack((h, s, v), dim=1))
 
 
-def augment_batch(x: torch.Tensor, seeds: Sequence[int], aug: AugmentSettings | dict | None) -> torch.Tensor:
-    """The :class:`Augment` operations on a float batch in [0, 1] (``[B, 3, H, W]``, any device)."""
-    a = settings_of(aug)
-    params = [draw_params(a, int(s)) for s in seeds]
+def _warp(x: torch.Tensor, inverse: list[list[float]], mode: str) -> torch.Tensor:
+    """Per-sample inverse affine matrices in torchvision's convention (pixel units about the image centre),
+    sampled on the same grid as v2.functional.affine / rotate."""
     b, _, h, w = x.shape
     dev, dt = x.device, x.dtype
-    # Affine: per-sample inverse matrices in torchvision's convention (pixel units about the image centre),
-    # sampled on the same grid as v2.functional.affine.
-    theta = torch.tensor([_get_inverse_affine_matrix([0.0, 0.0], **_affine_args(p, h, w)) for p in params],
-                         dtype=dt, device=dev).view(b, 2, 3)
+    theta = torch.tensor(inverse, dtype=dt, device=dev).view(b, 2, 3)
     base = torch.ones(1, h, w, 3, dtype=dt, device=dev)
     base[..., 0] = torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=dev, dtype=dt)
     base[..., 1] = torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=dev, dtype=dt).unsqueeze(-1)
     scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=dt, device=dev)
     grid = (base.view(1, h * w, 3) @ scaled).view(b, h, w, 2)
-    x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return F.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False)
+
+
+def _crop_axis(start: torch.Tensor, length: torch.Tensor, n: int, dt: torch.dtype) -> torch.Tensor:
+    """Normalised grid coordinates ``[B, n]`` of a crop ``[start, start + length)`` resized to ``n`` pixels: the
+    source positions of bilinear resizing (half-pixel centres, clamped to the crop's first and last pixel)."""
+    src = (torch.arange(n, device=start.device, dtype=dt) + 0.5) * (length / n).unsqueeze(1) - 0.5
+    src = torch.minimum(src.clamp(min=0.0), (length - 1).unsqueeze(1)) + start.unsqueeze(1)
+    return (src + 0.5) * (2.0 / n) - 1.0
+
+
+def _resized_crops(x: torch.Tensor, boxes: list[tuple[int, int, int, int]]) -> torch.Tensor:
+    """Each sample's ``(top, left, height, width)`` crop resized back to the batch's size (bilinear; a crop never
+    exceeds the image, so this only upsamples, where antialiasing changes nothing)."""
+    b, _, h, w = x.shape
+    t = torch.tensor(boxes, dtype=x.dtype).to(x.device)  # [B, 4]
+    gy, gx = _crop_axis(t[:, 0], t[:, 2], h, x.dtype), _crop_axis(t[:, 1], t[:, 3], w, x.dtype)
+    grid = torch.stack((gx.unsqueeze(1).expand(b, h, w), gy.unsqueeze(2).expand(b, h, w)), dim=-1)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def _batch_geometry(x: torch.Tensor, a: AugmentSettings, params: list[dict], *, rotate: bool) -> torch.Tensor:
+    h, w = x.shape[-2:]
+    if a.crop == "zoom":
+        inv = [_get_inverse_affine_matrix([0.0, 0.0], **_affine_args(p, h, w, rotate=rotate)) for p in params]
+        return _warp(x, inv, "bilinear")
+    if rotate:
+        x = _batch_rotate(x, params)
+    return _resized_crops(x, [crop_box(a, p, h, w) for p in params])
+
+
+def _batch_rotate(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
+    # v2.functional.rotate(angle) samples through the inverse of an affine rotation by -angle
+    inv = [_get_inverse_affine_matrix([0.0, 0.0], -p["angle"], [0.0, 0.0], 1.0, [0.0, 0.0]) for p in params]
+    return _warp(x, inv, ROTATE_INTERPOLATION.value)
+
+
+def _batch_flips(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
+    b, dev = x.shape[0], x.device
     hf = torch.tensor([p["hflip"] for p in params], device=dev).view(b, 1, 1, 1)
     vf = torch.tensor([p["vflip"] for p in params], device=dev).view(b, 1, 1, 1)
     x = torch.where(hf, x.flip(-1), x)
-    x = torch.where(vf, x.flip(-2), x)
+    return torch.where(vf, x.flip(-2), x)
+
+
+def _batch_photometric(x: torch.Tensor, a: AugmentSettings, params: list[dict]) -> torch.Tensor:
+    dev, dt = x.device, x.dtype
+    sharpen = [i for i, p in enumerate(params) if p["sharpen"]]
+    if sharpen:
+        idx = torch.tensor(sharpen, device=dev)
+        x[idx] = TF.adjust_sharpness(x[idx], a.sharpness)
     factors = torch.tensor([[p[n] for n in JITTER] for p in params], dtype=dt, device=dev)  # [B, 4]
     order = torch.tensor([p["order"] for p in params])  # [B, 4], on the CPU: no device sync to find the rows
     for pos in range(4):
@@ -144,6 +239,17 @@ def augment_batch(x: torch.Tensor, seeds: Sequence[int], aug: AugmentSettings | 
                 idx = rows.to(dev)
                 x[idx] = _jitter_op(k, x[idx], factors[idx, k])
     return x
+
+
+def augment_batch(x: torch.Tensor, seeds: Sequence[int], aug: AugmentSettings | dict | None) -> torch.Tensor:
+    """The :class:`Augment` operations on a float batch in [0, 1] (``[B, 3, H, W]``, any device)."""
+    a = settings_of(aug)
+    params = [draw_params(a, int(s)) for s in seeds]
+    if a.order == "geometry_first":
+        x = _batch_flips(_batch_geometry(x, a, params, rotate=True), params)
+        return _batch_photometric(x, a, params)
+    x = _batch_photometric(_batch_rotate(_batch_flips(x, params), params), a, params)
+    return _batch_geometry(x, a, params, rotate=False)
 
 
 def build_train_transform(aug: AugmentSettings | dict | None) -> Augment | None:

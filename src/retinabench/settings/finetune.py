@@ -12,14 +12,32 @@ from retinabench.settings.base import (FINETUNE_PROTOCOLS, Auto, Device, Finetun
 
 
 class AugmentSettings(Section):
-    """Training augmentations, seeded per sample (retinabench.protocols.augment; the paper's list)."""
+    """Training augmentations, seeded per sample (retinabench.protocols.augment; the paper's list). `crop` and
+    `order` pick the pipeline: the geometric zoom (the default) or the OcularBench authors' torchvision pipeline
+    (`random_resized_crop`, `crop_last`, sharpness 0.2: config/ocularbench.yaml)."""
+
+    RATIO: ClassVar[tuple[float, float]] = (3.0 / 4.0, 4.0 / 3.0)  # torchvision RandomResizedCrop's default
 
     enabled: bool = Field(True, description="false: no augmentation (the images as cached)")
+    crop: Literal["zoom", "random_resized_crop"] = Field(
+        "zoom", description="zoom: a crop of area s ~ U(scale), aspect kept, as a zoom by 1/sqrt(s) (s > 1 zooms "
+                            "out); random_resized_crop: torchvision RandomResizedCrop's sampling (area and ratio, "
+                            "10 tries for a crop inside the image, else a centre crop: in effect s <= 1)")
+    order: Literal["geometry_first", "crop_last"] = Field(
+        "geometry_first", description="geometry_first: crop and rotation, flips, sharpness, colour jitter; "
+                                      "crop_last (the authors' build_transform): flips, rotation, sharpness, colour "
+                                      "jitter, crop")
     scale: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(
-        [0.8, 1.2], description="[min, max] crop area as a fraction of the image area (above 1 zooms out)")
+        [0.8, 1.2], description="[min, max] crop area as a fraction of the image area (above 1: zoom zooms out, "
+                                "random_resized_crop retries)")
+    ratio: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(
+        list(RATIO), description="[min, max] crop aspect ratio (width / height) of random_resized_crop, "
+                                 "log-uniform; zoom keeps the image's")
     rotation: NonNegativeFloat = Field(5.0, description="degrees, uniform in [-rotation, +rotation]")
     hflip: Fraction = Field(0.5, description="probability of a horizontal flip")
     vflip: Fraction = Field(0.5, description="probability of a vertical flip")
+    sharpness: NonNegativeFloat = Field(1.0, description="factor of v2.RandomAdjustSharpness (below 1 blurs); 1: off")
+    sharpness_p: Fraction = Field(0.5, description="probability of the sharpness adjustment")
     brightness: NonNegativeFloat = Field(0.2, description="factor uniform in [1 - b, 1 + b] (v2.ColorJitter)")
     contrast: NonNegativeFloat = Field(0.2, description="factor uniform in [1 - c, 1 + c]")
     saturation: NonNegativeFloat = Field(0.1, description="factor uniform in [1 - s, 1 + s]")
@@ -29,8 +47,13 @@ class AugmentSettings(Section):
 
     @model_validator(mode="after")
     def _ordered_scale(self):
-        if not self.scale[0] <= self.scale[1]:
-            raise ValueError(f"finetune.augment.scale must be [min, max] with min <= max, got {self.scale}")
+        for key in ("scale", "ratio"):
+            lo, hi = getattr(self, key)
+            if not lo <= hi:
+                raise ValueError(f"finetune.augment.{key} must be [min, max] with min <= max, got {[lo, hi]}")
+        if self.crop == "zoom" and tuple(self.ratio) != self.RATIO:
+            raise ValueError(f"finetune.augment.ratio {self.ratio} needs crop: random_resized_crop (zoom keeps the "
+                             "image's aspect ratio)")
         return self
 
 
