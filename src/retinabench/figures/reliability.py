@@ -196,10 +196,10 @@ def gap_plot(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> tuple[lis
                         ax.text(0, yy, "–", ha="center", va="center", color="0.5")
                         continue
                     r = r.iloc[0]
-                    if signed and pd.notna(r.get("difference")):
-                        x, lo, hi = r["difference"], r["diff_ci_low"], r["diff_ci_high"]
+                    if signed and pd.notna(r.get("gap_b_minus_a")):
+                        x, lo, hi = r["gap_b_minus_a"], r["gap_b_minus_a_ci_low"], r["gap_b_minus_a_ci_high"]
                     else:
-                        x, lo, hi = r["gap"], r["ci_low"], r["ci_high"]
+                        x, lo, hi = r["abs_gap"], r["abs_gap_ci_low"], r["abs_gap_ci_high"]
                     color = domain_color(encoder_domain(encoders, enc))
                     ax.errorbar([x], [yy], xerr=_err(x, lo, hi), fmt="D" if bool(r["flagged"]) else "o", ms=3.5,
                                 color=color, ecolor=color, capsize=1.5, lw=0.8)

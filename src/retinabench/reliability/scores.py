@@ -53,7 +53,7 @@ def summary_scores(gaps: pd.DataFrame, metrics: pd.DataFrame, tasks: dict[str, d
         # Skip decisions do not depend on the seed (they depend on rows and labels), so averaging each gap over
         # seeds first and then scoring equals averaging the per-seed scores.
         agg = (g.groupby([*keys, "kind", "attribute", "metric"], dropna=False, sort=True)
-               .agg(gap=("gap", "mean"), skipped=("skipped", "all"), reason=("reason", "first"),
+               .agg(abs_gap=("abs_gap", "mean"), skipped=("skipped", "all"), reason=("reason", "first"),
                     n_seeds=("seed", "nunique")).reset_index())
         for key, cell in agg.groupby(keys, dropna=False, sort=True):
             base = dict(zip(keys, key))
