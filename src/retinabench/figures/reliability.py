@@ -101,7 +101,9 @@ def _diagram_panel(ax, cell: pd.DataFrame, cal: pd.DataFrame, enc: str, encoders
         # one ECE vocabulary: binary `ece` (positive class), multi-class `ece_top_label`; in the title, not over
         # the curve
         key = "ece" if pd.notna(r["ece_before"]) else "ece_top_label"
-        title += f"\n{key} {r[f'{key}_before']:.3f}→{r[f'{key}_after']:.3f}, T {r['temperature']:.2f}, n {r['n']}"
+        after = (f"→{r[f'{key}_after']:.3f}, T {r['temperature']:.2f}" if pd.notna(r["temperature"])
+                 else ", T not fitted")  # too few validation rows of a class (calibration.parquet `note`)
+        title += f"\n{key} {r[f'{key}_before']:.3f}{after}, n {r['n']}"
     ax.set_title(title, fontsize=FONT["base"])
     ax.set_xlim(-0.03, 1.03)  # markers on the edge bins stay whole
     ax.set_ylim(-0.03, 1.03)
