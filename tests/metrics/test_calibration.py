@@ -64,7 +64,21 @@ def test_temperature_handles_hard_zeros_and_no_rows():
     scaled = cal.apply_temperature(p, 2.0)
     assert np.isfinite(scaled).all() and np.allclose(scaled.sum(1), 1)
     assert cal.apply_temperature(p, 1.0) == pytest.approx(np.clip(p, 1e-7, 1) / np.clip(p, 1e-7, 1).sum(1, keepdims=True))
-    assert cal.fit_temperature(np.array([], int), np.empty((0, 2))) == (1.0, "no validation rows: T = 1")
+    t, why = cal.fit_temperature(np.array([], int), np.empty((0, 2)))
+    assert np.isnan(t) and why == "not fitted: no validation rows"
+
+
+def test_temperature_not_fitted_with_too_few_rows_of_a_class():
+    yv, pv = _overconfident(2000, 0)
+    keep = np.r_[np.flatnonzero(yv == 0), np.flatnonzero(yv == 1)[:29]]  # 29 positives
+    t, why = cal.fit_temperature(yv[keep], pv[keep], min_per_class=30)
+    assert np.isnan(t) and "fewer than 30 rows of a class (class 1: 29" in why
+    keep = np.r_[np.flatnonzero(yv == 0), np.flatnonzero(yv == 1)[:30]]  # 30: fitted
+    t, why = cal.fit_temperature(yv[keep], pv[keep], min_per_class=30)
+    assert why == "" and t > 1
+    # three classes: the missing class counts as 0 rows
+    t, why = cal.fit_temperature(np.zeros(50, int), np.full((50, 3), 1 / 3), min_per_class=30)
+    assert np.isnan(t) and "class 1: 0, class 2: 0" in why
 
 
 def test_issue_case_focus_left_closed_bins_vs_ours():

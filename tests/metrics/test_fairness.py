@@ -45,17 +45,17 @@ def test_gap_formulas_on_a_hand_case():
     lab, info = assign_groups(frame, SEX)
     groups, gaps = subgroup_analysis(y, proba, pred, patients, lab, SEX, info, n_boot=1000, rng=make_rng(0))
     g = {r["metric"]: r for r in gaps}
-    assert g["accuracy"]["gap"] == pytest.approx(0.3) and g["accuracy"]["difference"] == pytest.approx(-0.3)
-    assert g["tpr"]["gap"] == pytest.approx(0.35)
-    assert g["fpr"]["gap"] == pytest.approx(0.4 - 1 / 6)
-    assert g["ppr"]["gap"] == pytest.approx(0.0)
-    assert g["equalized_odds"]["gap"] == pytest.approx(0.35)  # max(TPR gap, FPR gap)
+    assert g["accuracy"]["abs_gap"] == pytest.approx(0.3) and g["accuracy"]["gap_b_minus_a"] == pytest.approx(-0.3)
+    assert g["tpr"]["abs_gap"] == pytest.approx(0.35)
+    assert g["fpr"]["abs_gap"] == pytest.approx(0.4 - 1 / 6)
+    assert g["ppr"]["abs_gap"] == pytest.approx(0.0)
+    assert g["equalized_odds"]["abs_gap"] == pytest.approx(0.35)  # max(TPR gap, FPR gap)
     auc_a = skm.roc_auc_score(y[:10], proba[:10, 1])
     auc_b = skm.roc_auc_score(y[10:], proba[10:, 1])
-    assert g["auroc"]["gap"] == pytest.approx(abs(auc_a - auc_b))
+    assert g["auroc"]["abs_gap"] == pytest.approx(abs(auc_a - auc_b))
     assert (g["accuracy"]["group_a"], g["accuracy"]["group_b"]) == ("female", "male")
     for r in gaps:
-        assert not r["skipped"] and r["ci_low"] <= r["gap"] + 1e-12 and r["n_valid"] > 800  # 10 patients: a few draws lack a class
+        assert not r["skipped"] and r["abs_gap_ci_low"] <= r["abs_gap"] + 1e-12 and r["n_valid"] > 800  # 10 patients: a few draws lack a class
     per_group = {(r["group"], r["metric"]): r["value"] for r in groups}
     assert per_group[("female", "accuracy")] == pytest.approx(0.8) and per_group[("male", "ppr")] == pytest.approx(0.4)
 
@@ -111,7 +111,7 @@ def _gaps(df, attr):
 
 def test_planted_subgroup_difference_is_detected():
     g = _gaps(phantom_like(effect=2.0), SEX)
-    assert g["accuracy"]["flagged"] and g["accuracy"]["diff_ci_high"] < 0  # men worse: CI of b - a below 0
+    assert g["accuracy"]["flagged"] and g["accuracy"]["gap_b_minus_a_ci_high"] < 0  # men worse: CI of b - a below 0
     assert g["equalized_odds"]["flagged"] and g["auroc"]["flagged"]
     # age carries no planted difference in the same data
     age = _gaps(phantom_like(effect=2.0), Attribute(name="age_median", column="age", cut="median"))
@@ -123,26 +123,26 @@ def test_no_planted_difference_is_not_flagged():
     for metric in ("accuracy", "tpr", "fpr", "auroc", "equalized_odds", "ppr"):
         assert not g[metric]["flagged"], (metric, g[metric])
         if metric != "equalized_odds":
-            assert g[metric]["diff_ci_low"] <= 0 <= g[metric]["diff_ci_high"]
+            assert g[metric]["gap_b_minus_a_ci_low"] <= 0 <= g[metric]["gap_b_minus_a_ci_high"]
 
 
 def test_gap_score_formula_hand_case():
     gaps = pd.DataFrame([
-        {"kind": "fairness", "attribute": "sex", "metric": "equalized_odds", "gap": 0.35, "skipped": False, "reason": ""},
-        {"kind": "fairness", "attribute": "sex", "metric": "accuracy", "gap": 0.30, "skipped": False, "reason": ""},
-        {"kind": "fairness", "attribute": "sex", "metric": "auroc", "gap": 0.10, "skipped": False, "reason": ""},
-        {"kind": "fairness", "attribute": "sex", "metric": "tpr", "gap": 0.90, "skipped": False, "reason": ""},
-        {"kind": "fairness", "attribute": "age_median", "metric": "equalized_odds", "gap": 0.20, "skipped": False,
+        {"kind": "fairness", "attribute": "sex", "metric": "equalized_odds", "abs_gap": 0.35, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "sex", "metric": "accuracy", "abs_gap": 0.30, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "sex", "metric": "auroc", "abs_gap": 0.10, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "sex", "metric": "tpr", "abs_gap": 0.90, "skipped": False, "reason": ""},
+        {"kind": "fairness", "attribute": "age_median", "metric": "equalized_odds", "abs_gap": 0.20, "skipped": False,
          "reason": ""},
-        {"kind": "fairness", "attribute": "age_median", "metric": "accuracy", "gap": np.nan, "skipped": True,
+        {"kind": "fairness", "attribute": "age_median", "metric": "accuracy", "abs_gap": np.nan, "skipped": True,
          "reason": "small"},
-        {"kind": "fairness", "attribute": "age", "metric": "accuracy", "gap": 0.99, "skipped": False, "reason": ""},
-        {"kind": "quality", "attribute": "quality", "metric": "accuracy", "gap": 0.1, "skipped": False, "reason": ""},
-        {"kind": "quality", "attribute": "quality", "metric": "auroc_macro", "gap": 0.3, "skipped": False,
+        {"kind": "fairness", "attribute": "age", "metric": "accuracy", "abs_gap": 0.99, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "accuracy", "abs_gap": 0.1, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "auroc_macro", "abs_gap": 0.3, "skipped": False,
          "reason": ""},
-        {"kind": "quality", "attribute": "quality", "metric": "auprc", "gap": 0.2, "skipped": False, "reason": ""},
-        {"kind": "quality", "attribute": "quality", "metric": "f1", "gap": 0.4, "skipped": False, "reason": ""},
-        {"kind": "quality", "attribute": "quality", "metric": "ece", "gap": np.nan, "skipped": True, "reason": "x"},
+        {"kind": "quality", "attribute": "quality", "metric": "auprc", "abs_gap": 0.2, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "f1", "abs_gap": 0.4, "skipped": False, "reason": ""},
+        {"kind": "quality", "attribute": "quality", "metric": "ece", "abs_gap": np.nan, "skipped": True, "reason": "x"},
     ])
     fair = gap_score(gaps, ["age_median", "sex"], "fairness")
     assert fair["value"] == pytest.approx(1 - (0.35 + 0.30 + 0.10 + 0.20) / 4) and fair["n_components"] == 4
@@ -188,12 +188,12 @@ def test_quality_gaps_are_accuracy_auroc_auprc_f1_and_ece():
     _, gaps = subgroup_analysis(y, proba, pred, patients, lab, QUALITY, info, n_boot=1000, rng=make_rng(0))
     g = {r["metric"]: r for r in gaps}
     assert set(g) == {"accuracy", "auroc", "auprc", "f1", "ece"}
-    assert g["accuracy"]["gap"] == pytest.approx(0.3)
-    assert g["f1"]["gap"] == pytest.approx(abs(skm.f1_score(y[:10], pred[:10]) - skm.f1_score(y[10:], pred[10:])))
-    assert g["auprc"]["gap"] == pytest.approx(abs(skm.average_precision_score(y[:10], proba[:10, 1])
+    assert g["accuracy"]["abs_gap"] == pytest.approx(0.3)
+    assert g["f1"]["abs_gap"] == pytest.approx(abs(skm.f1_score(y[:10], pred[:10]) - skm.f1_score(y[10:], pred[10:])))
+    assert g["auprc"]["abs_gap"] == pytest.approx(abs(skm.average_precision_score(y[:10], proba[:10, 1])
                                                   - skm.average_precision_score(y[10:], proba[10:, 1])))
     from retinabench.metrics.calibration import binary_ece
-    assert g["ece"]["gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1]) - binary_ece(y[10:], proba[10:, 1])))
+    assert g["ece"]["abs_gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1]) - binary_ece(y[10:], proba[10:, 1])))
     # multi-class quality strata: the macro / top-label variants
     rng = np.random.default_rng(0)
     y3 = rng.integers(0, 3, 20)
@@ -218,7 +218,7 @@ def test_one_class_quality_stratum_ece_compute_vs_focus():
     groups, g = run()  # default: compute, the one-class stratum's ECE has a value and so has its gap
     assert not g["ece"]["skipped"]
     assert groups[("good", "ece")]["value"] == pytest.approx(binary_ece(y[:10], proba[:10, 1]))
-    assert g["ece"]["gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1]) - binary_ece(y[10:], proba[10:, 1])))
+    assert g["ece"]["abs_gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1]) - binary_ece(y[10:], proba[10:, 1])))
     groups, g = run(one_class_ece="focus")  # FOCUS: no ECE on one class, so no gap; the reason is recorded
     assert g["ece"]["skipped"] and "group 'good': one class only (ece_one_class_strata: focus)" == g["ece"]["reason"]
     assert np.isnan(groups[("good", "ece")]["value"]) and "one class only" in groups[("good", "ece")]["reason"]
@@ -238,6 +238,6 @@ def test_quality_ece_uses_the_configured_bins():
         _, gaps = subgroup_analysis(y, proba, pred, patients, lab, QUALITY, info, n_boot=1000, rng=make_rng(0),
                                     n_bins=n_bins, edges=edges)
         g = {r["metric"]: r for r in gaps}
-        assert g["ece"]["gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1], n_bins, edges)
+        assert g["ece"]["abs_gap"] == pytest.approx(abs(binary_ece(y[:10], proba[:10, 1], n_bins, edges)
                                                     - binary_ece(y[10:], proba[10:, 1], n_bins, edges)))
-        assert n_bins == 10 or g["ece"]["gap"] == pytest.approx(0.22947368, abs=1e-6)
+        assert n_bins == 10 or g["ece"]["abs_gap"] == pytest.approx(0.22947368, abs=1e-6)

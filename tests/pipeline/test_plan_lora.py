@@ -126,8 +126,8 @@ def test_the_focus_grid_trains_on_brset_and_mbrset_and_tests_every_dataset_of_th
         "mbrset_macula_cfp_anydr", "mbrset_macula_cfp_referable"}
     in_domain = len(lp.jobs)
     out_of_domain = sum(len(j.test_tasks) - 1 for j in lp.jobs.values())
-    assert (in_domain, out_of_domain) == (30, 138)  # FOCUS: 36 + 192 (mBRSET's GON, which the release lacks)
+    assert (in_domain, out_of_domain) == (30, 162)  # FOCUS: 36 + 192 (mBRSET's GON, which the release lacks)
     gon = lp.jobs[("medgemma_4b_it", "brset_diabetic_cfp_gon")].test_tasks
-    assert gon == ("brset_diabetic_cfp_gon", "papila_cfp_gon", "refuge_cfp_gon", "g1020_cfp_gon")
-    # every test task has the base model's result (the mllm interface runs all 16 tasks)
+    assert gon == ("brset_diabetic_cfp_gon", "papila_cfp_gon_focus", "refuge_cfp_gon", "g1020_cfp_gon")
+    # every test task has the base model's result (the mllm interface runs all 18 tasks)
     assert not [q for q in lp.problems() if "pair with" in q]

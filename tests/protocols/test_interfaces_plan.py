@@ -24,13 +24,13 @@ def focus(registries):
 
 def test_one_job_per_model_and_task_set_for_each_interface_over_the_focus_grid(focus):
     tasks, encoders, prompts = focus
-    assert len(tasks) == 16
+    assert len(tasks) == 18
     zs, skipped = plan_jobs("zeroshot", encoders, tasks, prompts)
     assert skipped.empty  # FOCUS's harmonised tasks all have zero-shot prompts
     names = {j.encoder for j in zs}
     assert {"clip_vitb32_openai", "clip_vitl14_openai", "siglip2_base_patch16_224", "medsiglip_448",
             "eyeclip"} <= names and not names & {"ret_clip", "flair", "gemma3_27b_it"}
-    assert all(j.task_set == "all" and len(j.tasks) == 16 and len(j.datasets) == 10 for j in zs)
+    assert all(j.task_set == "all" and len(j.tasks) == 18 and len(j.datasets) == 10 for j in zs)
     ml, skipped = plan_jobs("mllm", encoders, tasks, prompts)
     assert skipped.empty and len(ml) == 6 and {j.encoder for j in ml} == {
         "gemma3_27b_it", "medgemma_4b_it", "medgemma_1_5_4b_it", "llava_next_llama3_8b", "qwen3_vl_8b_instruct",
@@ -52,11 +52,11 @@ def test_task_sets_selection_and_uncovered_tasks(focus):
     jobs, _ = plan_jobs("mllm", encoders, tasks, prompts, names=["medgemma_4b_it"],
                         task_sets={"a": first, "b": sorted(tasks)[3:]})
     assert [(j.encoder, j.task_set, len(j.tasks)) for j in jobs] == [("medgemma_4b_it", "a", 3),
-                                                                     ("medgemma_4b_it", "b", 13)]
+                                                                     ("medgemma_4b_it", "b", 15)]
     other = dict(tasks, x_task=dict(tasks[first[0]], name="x_task", harmonised="no_such"))
     jobs, skipped = plan_jobs("zeroshot", encoders, other, prompts, names=["eyeclip"])
     assert skipped[["task", "interface"]].values.tolist() == [["x_task", "zeroshot"]]
-    assert "no zeroshot prompt set covers it" in skipped["reason"].item() and len(jobs[0].tasks) == 16
+    assert "no zeroshot prompt set covers it" in skipped["reason"].item() and len(jobs[0].tasks) == 18
     with pytest.raises(KeyError, match="ret_clip"):
         plan_jobs("zeroshot", encoders, tasks, prompts, names=["ret_clip"])
     with pytest.raises(KeyError, match="not in the task registry"):

@@ -115,7 +115,7 @@ def test_subgroups_gaps_and_coverage(evaluated):
     gaps = out["gaps"]
     assert set(gaps["attribute"]) == {"age_median", "age", "sex", "quality"}
     sex = gaps[(gaps["attribute"] == "sex") & (gaps["threshold"] == "y_pred")]
-    assert (~sex["skipped"]).all() and sex["ci_low"].notna().all()
+    assert (~sex["skipped"]).all() and sex["abs_gap_ci_low"].notna().all()
     cov = out["coverage"]
     assert {"test", "split", "images"} <= set(cov["scope"])
     assert cov.loc[cov["scope"] == "images", "reason"].str.contains("missing file").all()
@@ -238,6 +238,36 @@ def test_focus_ece_conventions_reach_every_ece_table():
         binary_ece(test["y_true"], test["p_yes"]))
     gaps = {e: o["gaps"][(o["gaps"]["attribute"] == "quality") & (o["gaps"]["metric"] == "ece")]
             for e, o in out.items()}
-    assert (~gaps["right_closed"]["skipped"]).all() and gaps["right_closed"]["gap"].notna().all()
+    assert (~gaps["right_closed"]["skipped"]).all() and gaps["right_closed"]["abs_gap"].notna().all()
     assert gaps["focus"]["skipped"].all()
     assert gaps["focus"]["reason"].str.contains("group 'poor': one class only").all()
+
+
+def test_temperature_not_fitted_on_a_small_validation_split_with_the_reason():
+    manifest, excl, splits, preds = world(n_patients=40)  # ~30 validation images: < 30 of each class
+    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, ReliabilitySettings(), source="frozen")
+    cal = out["calibration"]
+    assert (~cal["temperature_fitted"]).all() and cal["temperature"].isna().all()
+    assert cal["ece_after"].isna().all() and cal["nll_after"].isna().all() and cal["ece_before"].notna().all()
+    assert cal["note"].str.contains("not fitted: validation has fewer than 30 rows of a class").all()
+    assert set(out["bins"]["calibration"]) == {"before"}  # no scaled variant drawn
+    cov = out["coverage"]
+    assert cov[(cov["scope"] == "calibration") & (cov["status"] == "skipped")]["reason"].str.startswith(
+        "not fitted").all()
+    # 1 per class: fitted on the same rows (the old behaviour, by name)
+    loose = ReliabilitySettings(temperature_min_per_class=1)
+    cal1 = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, loose, source="frozen")["calibration"]
+    assert cal1["temperature_fitted"].all() and cal1["ece_after"].notna().all()
+
+
+def test_gap_permutation_p_values_and_bh_within_families(evaluated):
+    _, _, out = evaluated
+    g = out["gaps"]
+    done = g[~g["skipped"]]
+    assert done["p_perm"].between(0, 1, inclusive="right").all() and (done["n_perm"] == 1000).all()
+    assert set(done["perm_unit"]) == {"patient", "image"}  # sex and age per patient; quality varies per image
+    assert (done["p_perm_bh"] >= done["p_perm"] - 1e-12).all()
+    from retinabench.stats.bootstrap import benjamini_hochberg
+    fam = done[(done["threshold"] == "y_pred") & (done["kind"] == "fairness") & (done["metric"] == "accuracy")]
+    assert len(fam) > 2 and np.allclose(fam["p_perm_bh"], benjamini_hochberg(fam["p_perm"].to_numpy()))
+    assert g.loc[g["skipped"], "p_perm"].isna().all() and g.loc[g["skipped"], "p_perm_bh"].isna().all()

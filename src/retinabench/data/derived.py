@@ -11,6 +11,13 @@ A task entry may carry
   harmonised id and a modality are the same question asked of different datasets: the transfer protocol trains
   on one and evaluates on the others, and the Shift score compares them.
 
+* ``label_variant``: a paper's label definition (``focus``) of a question we label otherwise or not at all, as
+  its own task entry (one home per definition): ``variant_of`` names our entry of the question when there is one
+  (a config selects one of the two: both in one harmonised group is an error), ``approximation`` says how the
+  paper's label only approximates the definition (e.g. RFMiD's referable DR from an edema flag alone). Variants
+  are selected by name only (config/focus.yaml), never by a dataset's default task list; the approximation goes
+  into the task's outputs (its split's provenance, the reliability coverage table: :func:`label_variants`).
+
 The harmonised catalogue (definitions, and the datasets that cannot support a task with the reason) lives in
 the config's ``reliability.harmonised`` section; see docs/reliability.md.
 """
@@ -193,6 +200,7 @@ def harmonised_groups(tasks: dict[str, dict]) -> dict[str, list[str]]:
     Tasks of one group must have the same classes (they are the same question); two tasks of one dataset in
     one group would make 'other dataset' ambiguous, so that is an error too.
     """
+    label_variants(tasks)  # a variant's declaration is checked wherever groups are formed
     groups: dict[str, list[str]] = defaultdict(list)
     for name, task in tasks.items():
         h = task.get("harmonised")
@@ -233,3 +241,32 @@ def unsupported_harmonised(catalogue: dict[str, dict], datasets: list[str], task
                 continue
             rows.append({"dataset": d, "task": h, "reason": reasons.get(d, "no task entry in the task registry")})
     return pd.DataFrame(rows, columns=["dataset", "task", "reason"])
+
+
+LABEL_VARIANTS = ("focus",)
+VARIANT_COLUMNS = ["task", "dataset", "label_variant", "variant_of", "approximation"]
+
+
+def label_variants(tasks: dict[str, dict]) -> pd.DataFrame:
+    """The paper label variants among ``tasks`` (one row each: VARIANT_COLUMNS), checked: a known variant name,
+    and ``variant_of`` (when selected too) on the same dataset with the same classes and harmonised id."""
+    rows = []
+    for name, task in tasks.items():
+        variant = task.get("label_variant")
+        if variant is None:
+            for key in ("variant_of", "approximation"):
+                if task.get(key):
+                    raise DeriveError(f"task {name!r}: `{key}` belongs to a label variant; set label_variant")
+            continue
+        if variant not in LABEL_VARIANTS:
+            raise DeriveError(f"task {name!r}: label_variant {variant!r} unknown (one of {list(LABEL_VARIANTS)})")
+        base = task.get("variant_of")
+        if base in tasks:
+            b = tasks[base]
+            same = {k: (b.get(k), task.get(k)) for k in ("dataset", "classes", "harmonised")
+                    if b.get(k) != task.get(k)}
+            if same:
+                raise DeriveError(f"task {name!r} is the {variant} variant of {base!r} but differs in {same}")
+        rows.append({"task": name, "dataset": task["dataset"], "label_variant": variant, "variant_of": base,
+                     "approximation": task.get("approximation")})
+    return pd.DataFrame(rows, columns=VARIANT_COLUMNS)

@@ -101,7 +101,9 @@ def _diagram_panel(ax, cell: pd.DataFrame, cal: pd.DataFrame, enc: str, encoders
         # one ECE vocabulary: binary `ece` (positive class), multi-class `ece_top_label`; in the title, not over
         # the curve
         key = "ece" if pd.notna(r["ece_before"]) else "ece_top_label"
-        title += f"\n{key} {r[f'{key}_before']:.3f}→{r[f'{key}_after']:.3f}, T {r['temperature']:.2f}, n {r['n']}"
+        after = (f"→{r[f'{key}_after']:.3f}, T {r['temperature']:.2f}" if pd.notna(r["temperature"])
+                 else ", T not fitted")  # too few validation rows of a class (calibration.parquet `note`)
+        title += f"\n{key} {r[f'{key}_before']:.3f}{after}, n {r['n']}"
     ax.set_title(title, fontsize=FONT["base"])
     ax.set_xlim(-0.03, 1.03)  # markers on the edge bins stay whole
     ax.set_ylim(-0.03, 1.03)
@@ -196,10 +198,10 @@ def gap_plot(tables: dict, encoders: dict, out_dir, sel: dict, **_) -> tuple[lis
                         ax.text(0, yy, "–", ha="center", va="center", color="0.5")
                         continue
                     r = r.iloc[0]
-                    if signed and pd.notna(r.get("difference")):
-                        x, lo, hi = r["difference"], r["diff_ci_low"], r["diff_ci_high"]
+                    if signed and pd.notna(r.get("gap_b_minus_a")):
+                        x, lo, hi = r["gap_b_minus_a"], r["gap_b_minus_a_ci_low"], r["gap_b_minus_a_ci_high"]
                     else:
-                        x, lo, hi = r["gap"], r["ci_low"], r["ci_high"]
+                        x, lo, hi = r["abs_gap"], r["abs_gap_ci_low"], r["abs_gap_ci_high"]
                     color = domain_color(encoder_domain(encoders, enc))
                     ax.errorbar([x], [yy], xerr=_err(x, lo, hi), fmt="D" if bool(r["flagged"]) else "o", ms=3.5,
                                 color=color, ecolor=color, capsize=1.5, lw=0.8)

@@ -12,7 +12,10 @@ for multi-class tasks.
 
 Temperature scaling works on the probabilities the predictions schema stores: logits are log p (clipped at
 1e-7 so a kNN's hard zero stays finite; a softmax is invariant to the per-row constant this drops), the scaled
-probabilities are softmax(log p / T), and T minimises the validation NLL over T in [0.05, 20].
+probabilities are softmax(log p / T), and T minimises the validation NLL over T in [0.05, 20]. T is fitted only
+when every class has at least ``reliability.temperature_min_per_class`` validation rows (default 30): one
+parameter fitted by NLL on a handful of positives chases those few rows and made ECE worse on a real public
+dataset. Otherwise T is "not fitted" (NaN) with the reason, and no scaled variant is reported.
 """
 from __future__ import annotations
 
@@ -118,13 +121,30 @@ def apply_temperature(proba, temperature: float) -> np.ndarray:
     return np.exp(log_softmax(log_probs(proba) / float(temperature), axis=1))
 
 
-def fit_temperature(y_val, proba_val) -> tuple[float, str]:
-    """Temperature minimising validation NLL; (1.0, reason) when there is nothing to fit on."""
+def temperature_fit_gate(y_val, n_classes: int, min_per_class: int) -> str:
+    """Why temperature scaling is not fitted on validation labels ``y_val`` ("" when it is): a class with fewer
+    than ``min_per_class`` rows (``reliability.temperature_min_per_class``)."""
+    y = np.asarray(y_val, dtype=np.int64)
+    if len(y) == 0:
+        return "not fitted: no validation rows"
+    counts = np.bincount(y[y >= 0], minlength=n_classes)[:n_classes]
+    short = [f"class {c}: {int(k)}" for c, k in enumerate(counts) if k < min_per_class]
+    if short:
+        return (f"not fitted: validation has fewer than {min_per_class} rows of a class ({', '.join(short)}; "
+                "reliability.temperature_min_per_class)")
+    return ""
+
+
+def fit_temperature(y_val, proba_val, min_per_class: int = 1) -> tuple[float, str]:
+    """Temperature minimising validation NLL, and "" ; (NaN, reason) when it is not fitted (see
+    :func:`temperature_fit_gate`): the caller then reports no scaled variant."""
     from scipy.optimize import minimize_scalar
     from scipy.special import log_softmax
     y = np.asarray(y_val, dtype=np.int64)
-    if len(y) == 0:
-        return 1.0, "no validation rows: T = 1"
+    proba_val = np.asarray(proba_val, dtype=np.float64)
+    why = temperature_fit_gate(y, proba_val.shape[1], min_per_class)
+    if why:
+        return float("nan"), why
     logits = log_probs(proba_val)
     idx = np.arange(len(y))
 

@@ -9,16 +9,21 @@ are excluded from that attribute and counted.
 Fairness attributes, per group: predicted-positive rate (binary only), accuracy, TPR, FPR, AUROC (macro
 one-vs-rest TPR/FPR/AUROC for multi-class tasks); equalized-odds gap = max(TPR gap, FPR gap). Quality strata
 (FOCUS's quality robustness), per group: accuracy, AUROC, AUPRC, F1 and ECE (multi-class: macro AUROC/AUPRC/F1 and
-top-label ECE). Gaps are absolute differences between the two groups (max − min with more groups). A gap is skipped, with the reason recorded, when the attribute has
+top-label ECE). Each gap is reported twice: signed, ``gap_b_minus_a`` = value(group b) − value(group a), the group
+order declared by ``group_a`` / ``group_b`` (the configured groups' order; a cut: the lower group first); and
+absolute, ``abs_gap`` (max − min with more groups: then no signed gap). A gap is skipped, with the reason recorded, when the attribute has
 no values, fewer than two groups, a group below the minimum size (fairness 10, quality 5 rows), or a group
 without the positives/negatives the metric needs (ECE of a one-class group: only under
 ``reliability.ece_one_class_strata: focus``, FOCUS's rule; by default it has a value). Never silently.
 
 CIs: patients (or images, setting ``reliability.bootstrap.unit``) of the analysed rows are resampled with
-replacement (stats.bootstrap.cluster_weights); each replicate recomputes every group's metric on the same draw. ``ci_low``/``ci_high`` are the percentile interval
-of the absolute gap; for two groups ``diff_ci_*`` is the interval of the signed difference (group b − group a),
-and ``flagged`` says it excludes 0 (for equalized odds: the TPR or the FPR difference does). The interval of an
-absolute gap never contains 0 in a strict sense, so only the signed interval is a test.
+replacement (stats.bootstrap.cluster_weights); each replicate recomputes every group's metric on the same draw.
+``gap_b_minus_a_ci_*``: percentile interval of the signed gap; ``flagged``: it excludes 0 (for equalized odds: the
+TPR or the FPR difference's does). ``abs_gap_ci_*``: of the absolute gap, which is never below 0, so that interval
+excludes 0 for any real data and is no test. The test of "no gap" is a permutation test (:func:`permuted_groups`):
+the group labels are permuted among the resampling units (patients; rows when an attribute varies within a
+patient, e.g. image quality), ``n_perm`` times, seeded; statistic |gap| (max − min; equalized odds: max of the
+TPR and FPR gaps); ``p_perm`` = (1 + #{permuted >= observed}) / (1 + #valid permutations).
 
 Summary scores (formulas also in docs/reliability.md and each score row's ``formula``):
   Fairness = 1 − mean of the available {equalized-odds, accuracy, AUROC} gaps over the score's attributes;
@@ -34,7 +39,7 @@ import pandas as pd
 
 from retinabench.metrics.table import metric_family, metric_family_names
 from retinabench.metrics.thresholds import point_metrics
-from retinabench.metrics.weighted import cluster_weights, percentile_ci, weighted_metrics
+from retinabench.metrics.weighted import cluster_codes, cluster_weights, percentile_ci, weighted_metrics
 
 GAP_METRICS_BINARY = ("ppr", "accuracy", "tpr", "fpr", "auroc")
 GAP_METRICS_MULTI = ("accuracy", "tpr_macro", "fpr_macro", "auroc_macro")
@@ -45,8 +50,9 @@ SCORE_COMPONENTS = {"fairness": ("equalized_odds", "accuracy", "auroc"),
 # Columns of the rows subgroup_analysis returns (a table has them all even when every gap was skipped).
 GROUP_FIELDS = ["attribute", "kind", "cut", "group", "metric", "value", "ci_low", "ci_high", "n", "n_patients",
                 "n_pos", "below_min_size", "reason"]
-GAP_FIELDS = ["attribute", "kind", "cut", "metric", "group_a", "group_b", "value_a", "value_b", "n_a", "n_b", "gap",
-              "ci_low", "ci_high", "difference", "diff_ci_low", "diff_ci_high", "flagged", "n_boot", "n_valid",
+GAP_FIELDS = ["attribute", "kind", "cut", "metric", "group_a", "group_b", "value_a", "value_b", "n_a", "n_b",
+              "gap_b_minus_a", "gap_b_minus_a_ci_low", "gap_b_minus_a_ci_high", "flagged", "abs_gap",
+              "abs_gap_ci_low", "abs_gap_ci_high", "p_perm", "p_perm_bh", "n_perm", "perm_unit", "n_boot", "n_valid",
               "skipped", "reason"]
 FORMULAS = {
     "fairness": "1 - mean({equalized_odds, accuracy, auroc} gaps over available fairness attributes)",
@@ -149,16 +155,17 @@ def _requirement(metric: str, binary: bool, y: np.ndarray, one_class_ece: str = 
 
 def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribute, info: dict, *,
                       n_boot: int, rng: np.random.Generator, level: float = 0.95, clusters=None,
-                      n_bins: int = 10, edges: str = "right_closed", one_class_ece: str = "compute"
+                      n_bins: int = 10, edges: str = "right_closed", one_class_ece: str = "compute",
+                      n_perm: int = 1000, perm_rng: np.random.Generator | None = None, unit: str = "patient"
                       ) -> tuple[list[dict], list[dict]]:
     """(group rows, gap rows) for one attribute on one set of evaluated rows under one decision rule.
 
     ``clusters``: the bootstrap's resampling unit per row (default: ``patients``; image ids resample images).
     ``n_bins``, ``edges``: the ECE binning (calibration.ece_bins); ``one_class_ece``: see :func:`_requirement`.
+    ``n_perm``, ``perm_rng`` (default: a generator seeded 0), ``unit`` (the clusters' name): the permutation test.
 
-    Group rows: attribute, group, metric, value, ci_low, ci_high, n, n_patients, n_pos. Gap rows: attribute,
-    metric, group_a, group_b, value_a, value_b, n_a, n_b, gap, ci_low, ci_high, difference, diff_ci_low,
-    diff_ci_high, flagged, n_boot, n_valid, skipped, reason.
+    Group rows: attribute, group, metric, value, ci_low, ci_high, n, n_patients, n_pos. Gap rows: GAP_FIELDS
+    (``p_perm_bh`` is left to the caller, which knows the family).
     """
     y = np.asarray(y, dtype=np.int64)
     proba = np.asarray(proba, dtype=np.float64)
@@ -167,7 +174,7 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
     quality = attr.kind == "quality"
     metrics = _gap_metrics(binary, attr.kind)
     gap_names = [*metrics] if quality else [*metrics, "equalized_odds"] + ([] if binary else ["ppr"])
-    base_gap = {"attribute": attr.name, "kind": attr.kind, "cut": info.get("cut"), "n_boot": n_boot}
+    base_gap = {"attribute": attr.name, "kind": attr.kind, "cut": info.get("cut"), "n_boot": n_boot, "n_perm": n_perm}
 
     def skipped_all(reason: str, groups=None) -> list[dict]:
         ga, gb = (groups[0], groups[-1]) if groups and len(groups) >= 2 else (None, None)
@@ -188,7 +195,8 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
     # Rows of the analysed (known) part only; patients are resampled among them.
     yk, pk, prk, labk = y[known], proba[known], pred[known], lab[known]
     patk = np.asarray(patients, dtype=object)[known]
-    W = cluster_weights(np.asarray(patients if clusters is None else clusters, dtype=object)[known], n_boot, rng)
+    unitk = np.asarray(patients if clusters is None else clusters, dtype=object)[known]
+    W = cluster_weights(unitk, n_boot, rng)
     group_rows, point, reps = [], {}, {}
     for g in groups:
         m = labk == g
@@ -211,32 +219,39 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
         reason = "; ".join(f"group {g!r} has {sizes[g]} rows < minimum {attr.min_group_size}" for g in small)
         return group_rows, skipped_all(reason, groups)
     per_metric: dict[str, dict] = {}
+    P, perm_unit = permuted_groups(labk, unitk, groups, n_perm, perm_rng or np.random.default_rng(0), unit)
+    base_gap["perm_unit"] = perm_unit
+    perm = {g: weighted_metrics(metrics, yk, pk, prk, (P == i).astype(np.float64), n_bins=n_bins, edges=edges)
+            for i, g in enumerate(groups)}
     for metric in metrics:
         whys = [f"group {g!r}: {w}" for g in groups if (w := _requirement(metric, binary, yk[labk == g], one_class_ece))]
         row = {**base_gap, "metric": metric, "group_a": ga if two else ",".join(groups), "group_b": gb if two else None}
         if whys:
+            row.pop("perm_unit")
             gap_rows.append({**row, "skipped": True, "reason": "; ".join(whys)})
             continue
         values = np.array([point[g][metric] for g in groups])
         R = np.stack([reps[g][metric] for g in groups])  # (groups, B)
         if two:
-            diff = values[1] - values[0]
             dreps = R[1] - R[0]
             dlo, dhi, _ = percentile_ci(dreps, level)
             greps = np.abs(dreps)
             row |= {"value_a": values[0], "value_b": values[1], "n_a": sizes[ga], "n_b": sizes[gb],
-                    "difference": diff, "diff_ci_low": dlo, "diff_ci_high": dhi,
+                    "gap_b_minus_a": values[1] - values[0], "gap_b_minus_a_ci_low": dlo, "gap_b_minus_a_ci_high": dhi,
                     "flagged": bool(dlo > 0 or dhi < 0)}
         else:
-            diff, dreps = np.nan, None
             with np.errstate(invalid="ignore"):
                 greps = R.max(0) - R.min(0)
             row |= {"flagged": None}
         lo, hi, n_valid = percentile_ci(greps, level)
         gap = float(values.max() - values.min())
-        row |= {"gap": gap, "ci_low": lo, "ci_high": hi, "n_valid": n_valid, "skipped": False, "reason": ""}
+        Q = np.stack([perm[g][metric] for g in groups])  # (groups, n_perm)
+        with np.errstate(invalid="ignore"):
+            pstat = Q.max(0) - Q.min(0)
+        row |= {"abs_gap": gap, "abs_gap_ci_low": lo, "abs_gap_ci_high": hi, "p_perm": permutation_p_value(gap, pstat),
+                "n_valid": n_valid, "skipped": False, "reason": ""}
         gap_rows.append(row)
-        per_metric[metric] = {"gap": gap, "greps": greps, "dreps": dreps, "flagged": row["flagged"]}
+        per_metric[metric] = {"gap": gap, "greps": greps, "pstat": pstat, "flagged": row["flagged"]}
     if quality:
         return group_rows, gap_rows
     tpr, fpr = ("tpr", "fpr") if binary else ("tpr_macro", "fpr_macro")
@@ -247,16 +262,48 @@ def subgroup_analysis(y, proba, pred, patients, labels: pd.Series, attr: Attribu
         greps[np.isnan(per_metric[tpr]["greps"]) | np.isnan(per_metric[fpr]["greps"])] = np.nan
         lo, hi, n_valid = percentile_ci(greps, level)
         flagged = (bool(per_metric[tpr]["flagged"] or per_metric[fpr]["flagged"]) if two else None)
-        gap_rows.append({**eo, "n_a": sizes[ga], "n_b": sizes[gb] if two else None,
-                         "gap": max(per_metric[tpr]["gap"], per_metric[fpr]["gap"]), "ci_low": lo, "ci_high": hi,
+        gap = max(per_metric[tpr]["gap"], per_metric[fpr]["gap"])
+        pstat = np.fmax(per_metric[tpr]["pstat"], per_metric[fpr]["pstat"])
+        pstat[np.isnan(per_metric[tpr]["pstat"]) | np.isnan(per_metric[fpr]["pstat"])] = np.nan
+        # no signed equalized-odds gap: it is the larger of two absolute gaps (their signed gaps are the rows above)
+        gap_rows.append({**eo, "n_a": sizes[ga], "n_b": sizes[gb] if two else None, "abs_gap": gap,
+                         "abs_gap_ci_low": lo, "abs_gap_ci_high": hi, "p_perm": permutation_p_value(gap, pstat),
                          "flagged": flagged, "n_valid": n_valid, "skipped": False, "reason": ""})
     else:
         gone = [m for m in (tpr, fpr) if m not in per_metric]
+        eo.pop("perm_unit")
         gap_rows.append({**eo, "skipped": True, "reason": f"needs the {' and '.join(gone)} gap(s), skipped"})
     if not binary:
         gap_rows.append({**base_gap, "metric": "ppr", "group_a": ga, "group_b": gb, "skipped": True,
                          "reason": "predicted-positive rate is defined for binary tasks only"})
     return group_rows, gap_rows
+
+
+def permuted_groups(labels, units, groups: list, n_perm: int, rng: np.random.Generator, unit: str = "patient"
+                    ) -> tuple[np.ndarray, str]:
+    """``(n_perm, n)`` group indices (into ``groups``) under ``n_perm`` permutations of the group labels, and the
+    unit permuted: the resampling ``unit`` when every unit holds one group (a patient's images move together),
+    else ``image`` (the attribute varies within units: rows are permuted)."""
+    codes, k = cluster_codes(units)
+    gi = pd.Series(pd.Categorical(np.asarray(labels, dtype=object), categories=groups).codes)
+    per_unit = gi.groupby(codes)
+    if int(per_unit.nunique().max()) == 1:
+        unit_group = per_unit.first().to_numpy()  # index 0..k-1: the codes
+        order = np.argsort(rng.random((n_perm, k)), axis=1)
+        return unit_group[order][:, codes], unit
+    order = np.argsort(rng.random((n_perm, len(gi))), axis=1)
+    return gi.to_numpy()[order], "image"
+
+
+def permutation_p_value(observed: float, permuted: np.ndarray) -> float:
+    """(1 + #{permuted >= observed}) / (1 + #valid): the +1 correction counts the observed labelling as one of the
+    permutations, so p is never 0 and the test is exact under exchangeability; NaN permutations (a group
+    without a class the metric needs) are left out; NaN without any valid one."""
+    permuted = np.asarray(permuted, dtype=np.float64)
+    valid = permuted[~np.isnan(permuted)]
+    if not len(valid) or np.isnan(observed):
+        return float("nan")
+    return float((1 + np.sum(valid >= observed - 1e-12)) / (1 + len(valid)))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -278,13 +325,13 @@ def gap_score(gaps: pd.DataFrame, attributes: list[str] | None, kind: str) -> di
     g = g[g["metric"].map(lambda m: _component(m, kind)).notna()]
     ok = g[~g["skipped"].astype(bool)]
     skipped = g[g["skipped"].astype(bool)]
-    comps = [f"{a}:{m}={v:.4g}" for a, m, v in zip(ok["attribute"], ok["metric"], ok["gap"])]
+    comps = [f"{a}:{m}={v:.4g}" for a, m, v in zip(ok["attribute"], ok["metric"], ok["abs_gap"])]
     why = "; ".join(sorted({f"{a}:{m} skipped ({r})" for a, m, r in
                             zip(skipped["attribute"], skipped["metric"], skipped["reason"])}))
     if ok.empty:
         return {"value": np.nan, "n_components": 0, "components": "",
                 "reason": why or f"no {kind} attributes configured for these rows"}
-    return {"value": float(1.0 - ok["gap"].astype(float).mean()), "n_components": int(len(ok)),
+    return {"value": float(1.0 - ok["abs_gap"].astype(float).mean()), "n_components": int(len(ok)),
             "components": ", ".join(comps), "reason": why}
 
 

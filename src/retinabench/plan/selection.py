@@ -40,7 +40,10 @@ def plan(config: dict) -> Plan:
     wanted_datasets = list(config["datasets"])
     for d in wanted_datasets:
         reg.dataset(d)
-    tasks = list(config["tasks"] or [t for t, e in reg.tasks.items() if e["dataset"] in wanted_datasets])
+    # without a task list: every task of the datasets except a paper's label variants (data/derived.py), which a
+    # config names (config/focus.yaml) since they redefine another task's label
+    tasks = list(config["tasks"] or [t for t, e in reg.tasks.items()
+                                     if e["dataset"] in wanted_datasets and not e.get("label_variant")])
     for t in tasks:
         if reg.task(t)["dataset"] not in wanted_datasets:
             raise RegistryError(f"task {t!r} belongs to dataset {reg.task(t)['dataset']!r}, which the config's "

@@ -140,7 +140,8 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
         binary = len(classes) == 2
         val = unit[unit["split"] == "val"]
         yv, pv = val["y_true"].to_numpy(), val[pcols].to_numpy(dtype=np.float64)
-        temperature, t_note = cal.fit_temperature(yv, pv)
+        temperature, t_note = cal.fit_temperature(yv, pv, settings.temperature_min_per_class)
+        fitted = not t_note
         rules: list[tuple[str, float | None, str]] = [(AS_WRITTEN, None, "")]
         if binary:
             chosen, why = choose_threshold(yv, pv[:, 1], rule)
@@ -177,15 +178,21 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
                                            "n": n, "n_patients": n_pat, "n_pos": n_pos, "n_boot": n_boot,
                                            "n_valid": n_valid, "bootstrap_unit": boot_unit})
             # calibration: before / after temperature scaling fitted on the unit's validation rows
-            # (`ece`: positive-class, binary only; `ece_top_label`: top-label, every task)
-            scaled = cal.apply_temperature(proba, temperature)
+            # (`ece`: positive-class, binary only; `ece_top_label`: top-label, every task). Not fitted (too few
+            # validation rows of a class): the "after" values stay NaN and no "after" bins, the reason in `note`.
             pos = (lambda pr: cal.binary_ece(y, pr[:, 1], n_bins, edges)) if binary else (lambda pr: np.nan)  # noqa: B023 (called within the iteration)
-            out["calibration"].append({**ckeys, "temperature": temperature, "n_val": int(len(yv)), "n": n,
-                                       "ece_before": pos(proba), "ece_after": pos(scaled),
+            stages = [("before", proba)]
+            after = dict.fromkeys(("ece_after", "ece_top_label_after", "nll_after"), np.nan)
+            if fitted:
+                scaled = cal.apply_temperature(proba, temperature)
+                stages.append(("after", scaled))
+                after = {"ece_after": pos(scaled), "ece_top_label_after": cal.top_label_ece(y, scaled, n_bins, edges),
+                         "nll_after": cal.nll(y, scaled)}
+            out["calibration"].append({**ckeys, "temperature": temperature, "temperature_fitted": fitted,
+                                       "n_val": int(len(yv)), "n": n, "ece_before": pos(proba),
                                        "ece_top_label_before": cal.top_label_ece(y, proba, n_bins, edges),
-                                       "ece_top_label_after": cal.top_label_ece(y, scaled, n_bins, edges),
-                                       "nll_before": cal.nll(y, proba), "nll_after": cal.nll(y, scaled), "note": t_note})
-            for stage, pr in (("before", proba), ("after", scaled)):
+                                       "nll_before": cal.nll(y, proba), **after, "note": t_note})
+            for stage, pr in stages:
                 out["bins"].append(cal.reliability_bins(y, pr, n_bins, edges).assign(
                     **ckeys, calibration=stage, metric="ece" if binary else "ece_top_label"))
             # coverage of the cell
@@ -223,10 +230,13 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
                     cov.add(covkeys, scope, "excluded", k, why)
                 for name, thr, _ in rules:
                     rng = make_rng(boot.seed, "subgroup", *ckeys.values(), attr.name)
+                    perm_rng = make_rng(boot.seed, "permutation", *ckeys.values(), attr.name)
                     groups, gaps = subgroup_analysis(y, proba, decisions(test, proba, name, thr), patients, labels,
                                                      attr, info, n_boot=n_boot, rng=rng, level=level,
                                                      clusters=clusters, n_bins=n_bins, edges=edges,
-                                                     one_class_ece=settings.ece_one_class_strata)
+                                                     one_class_ece=settings.ece_one_class_strata,
+                                                     n_perm=settings.n_permutations, perm_rng=perm_rng,
+                                                     unit=boot_unit)
                     for g in groups:
                         out["subgroups"].append({**ckeys, "split": "test", "threshold": name, **g,
                                                  "bootstrap_unit": boot_unit})
@@ -241,8 +251,24 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
                         for reason in sorted({g["reason"] for g in gaps if g.get("skipped")} - {info["unavailable"]}):
                             cov.add(covkeys, scope, "skipped", None, reason)
     frames = {k: _frame(k, v) for k, v in out.items() if k != "coverage"}
+    gap_q_values(frames["gaps"])
     frames["coverage"] = cov.frame()
     return frames
+
+
+GAP_FAMILY = ["threshold", "kind", "metric"]
+
+
+def gap_q_values(gaps: pd.DataFrame) -> pd.DataFrame:
+    """Benjamini–Hochberg ``p_perm_bh`` (in place) of the gaps' permutation p-values within each family: one
+    decision rule, kind (fairness | quality) and metric, over every cell and attribute of the table (one
+    predictions table: its encoders, seeds, tasks), as the paired comparisons' BH runs within a metric family."""
+    from retinabench.stats.bootstrap import benjamini_hochberg
+    gaps["p_perm_bh"] = np.nan
+    tested = gaps[gaps["p_perm"].notna()]
+    for _, idx in tested.groupby(GAP_FAMILY, sort=True).groups.items():
+        gaps.loc[idx, "p_perm_bh"] = benjamini_hochberg(gaps.loc[idx, "p_perm"].to_numpy(dtype=np.float64))
+    return gaps
 
 
 def table_columns(kind: str) -> list[str]:
@@ -254,7 +280,7 @@ def table_columns(kind: str) -> list[str]:
                     "bootstrap_unit"],
         "thresholds": [*UNIT_KEYS, "threshold", "value", "n_val", "note", "val_accuracy", "val_f1", "val_tpr",
                        "val_fpr", "val_f1_macro"],
-        "calibration": [*CELL_KEYS, "temperature", "n_val", "n", "ece_before", "ece_after", "ece_top_label_before",
+        "calibration": [*CELL_KEYS, "temperature", "temperature_fitted", "n_val", "n", "ece_before", "ece_after", "ece_top_label_before",
                         "ece_top_label_after", "nll_before", "nll_after", "note"],
         "bins": [*CELL_KEYS, "calibration", "metric", "bin", "lower", "upper", "n", "mean_prob", "observed"],
         "subgroups": [*cell, *GROUP_FIELDS, "bootstrap_unit"],
@@ -262,10 +288,10 @@ def table_columns(kind: str) -> list[str]:
     }[kind]
 
 
-_BOOL = {"flagged", "skipped", "below_min_size"}
-_INT = {"seed", "n", "n_pos", "n_a", "n_b", "n_valid", "n_boot", "n_patients", "n_val", "bin"}
+_BOOL = {"flagged", "skipped", "below_min_size", "temperature_fitted"}
+_INT = {"seed", "n", "n_pos", "n_a", "n_b", "n_valid", "n_boot", "n_perm", "n_patients", "n_val", "bin"}
 _STR = {*UNIT_KEYS, "dataset", "task", "split", "threshold", "metric", "attribute", "kind", "group", "group_a",
-        "group_b", "reason", "note", "calibration", "bootstrap_unit"} - {"seed"}
+        "group_b", "reason", "note", "calibration", "bootstrap_unit", "perm_unit"} - {"seed"}
 
 
 def _frame(kind: str, rows: list) -> pd.DataFrame:

@@ -8,8 +8,9 @@ from retinabench.settings.reliability import ReliabilitySettings
 
 
 def harmonised_coverage(settings: ReliabilitySettings, datasets: list[str], tasks: dict[str, dict]) -> pd.DataFrame:
-    """Coverage rows for harmonised tasks a dataset does not support, and for groups without a transfer partner."""
-    from retinabench.data.derived import harmonised_groups, unsupported_harmonised
+    """Coverage rows for harmonised tasks a dataset does not support, for groups without a transfer partner, and
+    for each paper label variant (scope ``label_variant``, its approximation in the reason)."""
+    from retinabench.data.derived import harmonised_groups, label_variants, unsupported_harmonised
     from retinabench.metrics.coverage import COVERAGE_COLUMNS
     rows = []
     catalogue = {h: entry.plain() for h, entry in settings.harmonised.items()}
@@ -23,6 +24,12 @@ def harmonised_coverage(settings: ReliabilitySettings, datasets: list[str], task
             rows.append({"source": "transfer", "encoder": "*", "protocol": "*", "dataset": t["dataset"],
                          "task": names[0], "regime": "*", "scope": "transfer", "status": "skipped", "n_rows": 0,
                          "reason": f"harmonised group {group}: no other selected dataset has the task"})
+    for r in label_variants(tasks).to_dict("records"):
+        how = f"approximation: {r['approximation']}" if r["approximation"] else "the paper's definition, exact"
+        ours = f"; ours: {r['variant_of']}" if r["variant_of"] else "; no task of ours (not supported)"
+        rows.append({"source": "*", "encoder": "*", "protocol": "*", "dataset": r["dataset"], "task": r["task"],
+                     "regime": "*", "scope": "label_variant", "status": "evaluated", "n_rows": None,
+                     "reason": f"label variant {r['label_variant']}: {how}{ours}"})
     df = pd.DataFrame(rows, columns=COVERAGE_COLUMNS)
     df["n_rows"] = df["n_rows"].astype("Int64")
     return df
@@ -53,7 +60,7 @@ def summary_scores(gaps: pd.DataFrame, metrics: pd.DataFrame, tasks: dict[str, d
         # Skip decisions do not depend on the seed (they depend on rows and labels), so averaging each gap over
         # seeds first and then scoring equals averaging the per-seed scores.
         agg = (g.groupby([*keys, "kind", "attribute", "metric"], dropna=False, sort=True)
-               .agg(gap=("gap", "mean"), skipped=("skipped", "all"), reason=("reason", "first"),
+               .agg(abs_gap=("abs_gap", "mean"), skipped=("skipped", "all"), reason=("reason", "first"),
                     n_seeds=("seed", "nunique")).reset_index())
         for key, cell in agg.groupby(keys, dropna=False, sort=True):
             base = dict(zip(keys, key))

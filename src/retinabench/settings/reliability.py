@@ -125,6 +125,11 @@ class ReliabilitySettings(Section):
         "youden", description="validation-chosen threshold (binary tasks); the protocols' own decisions (threshold "
                               "y_pred, never recomputed from p) are always reported")
     bootstrap: BootstrapSettings = BootstrapSettings()
+    temperature_min_per_class: PositiveInt = Field(
+        30, description="validation rows of every class needed to fit temperature scaling; below: not fitted, the "
+                        "reason recorded, no scaled variant (1: fit whenever possible)")
+    n_permutations: PositiveInt = Field(1000, description="group-label permutations of the fairness / quality "
+                                                          "gaps' test of no gap (seeded by bootstrap.seed)")
     min_group_size: PositiveInt = Field(10, description="rows per fairness group below which its gaps are skipped "
                                                         "(reason recorded)")
     min_quality_group_size: PositiveInt = Field(5, description="as min_group_size, for the quality strata")

@@ -154,7 +154,8 @@ class _Readers:
             codes = {key(cell_text(k)): str(v) for k, v in (spec.get("codes") or {}).items()}
             missing = {key(cell_text(k)): str(v) for k, v in (spec.get("missing") or {}).items()}
             self.codings[name] = (LabelCoding(name, col, codes, missing), lower, spec)
-            need_column(frame, col, where, f"label {name!r}")
+            if not (spec.get("optional") and col not in frame.columns):  # optional: absent from some releases
+                need_column(frame, col, where, f"label {name!r}")
 
     def row(self, rec: dict, src: str, rel: str, image_id: str, excl: Exclusions) -> dict | None:
         """The manifest row of one record, or None (recorded) when it has no modality or patient."""
@@ -181,7 +182,10 @@ class _Readers:
         for name, (coding, lower, spec) in self.codings.items():
             sources = spec.get("sources")
             col = coding.raw_column
-            if sources is not None and rec["_source"] not in sources:
+            if col not in rec:  # an optional label column this table lacks
+                excl.add(src, image_id, f"label:{name}", f"no {col!r} column in this label table (optional label)")
+                row[name] = None
+            elif sources is not None and rec["_source"] not in sources:
                 excl.add(src, image_id, f"label:{name}",
                          spec.get("unlabelled_reason", f"not graded in source {rec['_source']!r}"))
                 row[name] = None
