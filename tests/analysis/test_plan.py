@@ -100,7 +100,9 @@ def test_fine_tuning_joins_the_rankings_only_with_full_coverage():
     assert ctx.settings["linear_protocol"] == "linear_aug"  # FT - LP gap: the paper's augmented linear probe
     assert family_inputs("sensitivity", "R", ctx)["lr_sweep"] == "R/sweep/lr_sensitivity.parquet"
     # sensitivity on the sweep task; the second fine-tuned task is the transfer check of the chosen lr
-    assert ctx.sweep_tasks == {"sweep": p.tasks[0], "check": p.tasks[1]}
+    # (every fine-tuned encoder checked there, in the sweep's regime, unless sweep.sensitivity_* say otherwise)
+    assert ctx.sweep_tasks == {"sweep": p.tasks[0], "check": p.tasks[1], "check_regime": "u-u",
+                               "check_encoders": p.encoders}
     assert family_inputs("lr_transfer", "R", ctx) == {"lr_grid": "R/sweep/lr_sweep_metrics.parquet",
                                                       "lr_sweep": "R/sweep/lr_sensitivity.parquet",
                                                       "baselines": "R/analysis/baselines.csv"}

@@ -313,3 +313,30 @@ def test_top_k_with_few_encoders_keeps_its_axis_labels_on_the_canvas(tmp_path):
         top_k_panels(pd.DataFrame(rows), enc, tmp_path / "top_k.png", titles={"all": "all tasks"},
                      title="Top-2 encoders by mean rank")
     assert saved and saved[0]["problems"] == []
+
+
+def test_lr_transfer_of_a_sensitivity_subset_swept_balanced(study, captured, tmp_path):
+    """OcularBench's sensitivity repeat: three encoders on the check task, in b-b. The transfer figure draws those
+    three only, each task's majority level in its own regime (the balanced check task: 50 % of a binary task)."""
+    from retinabench.stats.baselines import select
+    ctx, tables = study
+    checked = list(ctx.encoders)[:3]
+    grid, sensitivity = synthetic_sweep(ctx.encoders, ["task00", "task01"], seed=1, check_encoders=checked,
+                                        check_regime="b-b")
+    sub = AnalysisContext(**{**ctx.__dict__, "sweep_tasks": {"sweep": "task00", "check": "task01",
+                                                              "check_regime": "b-b", "check_encoders": checked}})
+    outputs = analysis_outputs(sub, str(tmp_path))
+    assert not any(k.startswith("png_part") for k in outputs["lr_transfer"])  # three encoders: one page
+    run_family("lr_transfer", {**tables, "lr_sweep": sensitivity, "lr_grid": grid},
+               AnalysisContext.from_params(sub.params_for("lr_transfer")), outputs["lr_transfer"])
+    table = pd.read_csv(outputs["lr_transfer"]["table"])
+    assert sorted(table["encoder"].unique()) == sorted(checked)
+    assert table.groupby("role")["regime"].unique().map(list).to_dict() == {"sweep task": ["u-u"],
+                                                                            "transfer check": ["b-b"]}
+    levels = [select(tables["baselines"], "accuracy", "val", r).set_index("task")["majority"][t]
+              for t, r in (("task00", "u-u"), ("task01", "b-b"))]
+    fig = captured[-1]
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+    assert len(panels) == 3 * 2  # three encoders x two stages
+    for ax in panels:
+        assert sorted(_hlines(ax)) == pytest.approx(sorted(100 * v for v in levels)), ax.get_title()

@@ -172,3 +172,28 @@ def test_lr_transfer_table_over_the_grid_on_both_tasks():
     assert (t["lr_chosen"] == 1e-5).all()
     transfers = t.groupby("encoder")["transfers"].first().to_dict()
     assert transfers == {"a": True, "b": False}  # b's optimum on the check task is 1e-4, not the chosen 1e-5
+
+
+def test_lr_transfer_checks_only_the_encoders_swept_on_the_check_task_in_its_own_regime():
+    """OcularBench: every encoder swept on the sweep task (u-u), three of them again on EyePACS balanced (b-b)."""
+    from retinabench.stats.sensitivity import lr_transfer_table
+    grid, sens = [], []
+    swept = {("t1", "u-u"): ("a", "b", "c"), ("t2", "b-b"): ("b",)}
+    for (task, regime), encs in swept.items():
+        for e in encs:
+            for lr, v in ((1e-5, 0.8), (1e-4, 0.9 if task == "t2" else 0.7)):
+                grid.append({"dataset": "ds", "task": task, "encoder": e, "protocol": "finetune", "seed": 0,
+                             "regime": regime, "split": "val", "metric": "accuracy", "value": v, "n": 10, "lr": lr,
+                             "lr_name": "lr_encoder", "stage": 2})
+            sens.append({"encoder": e, "task": task, "stage": 2, "protocol": "finetune", "regime": regime,
+                         "split": "val", "metric": "accuracy", "lr_optimal": 1e-4 if task == "t2" else 1e-5,
+                         "value_optimal": 0.9, "value_suboptimal_mean": 0.8})
+    grid, sens = pd.DataFrame(grid), pd.DataFrame(sens)
+    t = lr_transfer_table(grid, sens, metric="accuracy", regime="u-u", sweep_task="t1", check_task="t2",
+                          check_regime="b-b")
+    assert set(t["encoder"]) == {"b"} and len(t) == 2 * 2  # a and c were not swept on t2: not compared
+    assert t.set_index("role")["regime"].to_dict() == {"sweep task": "u-u", "transfer check": "b-b"}
+    assert not t["transfers"].any() and (t["lr_chosen"] == 1e-5).all()
+    # the check task read in the sweep task's regime has no rows: a clear error naming task and regime
+    with pytest.raises(ValueError, match=r"t2 \(regime u-u\)"):
+        lr_transfer_table(grid, sens, metric="accuracy", regime="u-u", sweep_task="t1", check_task="t2")

@@ -48,7 +48,8 @@ class AnalysisContext:
     lr_source: str | None = None                            # sweep table the sensitivity family reads
     lr_encoders: int | None = None                          # encoders the sweep covers (None: all)
     lr_grid: str | None = None                              # the sweep's per-lr metrics (the transfer figure)
-    sweep_tasks: dict = field(default_factory=dict)         # {"sweep": task, "check": sensitivity task or None}
+    sweep_tasks: dict = field(default_factory=dict)         # {"sweep": task, "check": sensitivity task or None,
+    #                                                         "check_regime": its regime, "check_encoders": [...]}
     subgroup_source: str | None = None                      # subgroup table of the fairness family
     headline: dict = field(default_factory=dict)            # analysis protocol: protocol, role, note
     regimes: list[str] = field(default_factory=list)
@@ -83,8 +84,13 @@ class AnalysisContext:
         if lr_source is None and ft_protocols and sweep.enabled and config["ranking"]["regime"] in sweep.regimes:
             lr_source, lr_encoders = SWEEP_SENSITIVITY, len(ft.encoders or encoders)
             task, check = sweep.tasks(list(ft.tasks or tasks))
-            swept = {"sweep": task, "check": check}
-            if check is not None:
+            # The check task's regime (the ranking regime when it is swept there, else the first one swept) and
+            # the encoders swept on it too (sweep.sensitivity_regimes / sensitivity_encoders).
+            check_regimes, regime = sweep.run_regimes(True), config["ranking"]["regime"]
+            swept = {"sweep": task, "check": check,
+                     "check_regime": regime if regime in check_regimes else check_regimes[0],
+                     "check_encoders": sweep.sensitivity_of(list(ft.encoders or encoders)) if check else []}
+            if check is not None and swept["check_encoders"]:
                 lr_grid = SWEEP_GRID
         headline = choose_headline(protocols, settings, ft_protocols=ft_protocols, coverage=gaps)
         return cls(

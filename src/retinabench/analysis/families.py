@@ -304,16 +304,20 @@ def family_lr_transfer(inputs: dict, ctx: AnalysisContext, out: dict) -> list[st
     tasks = ctx.sweep_tasks or {}
     if not tasks.get("sweep") or not tasks.get("check"):
         raise ValueError(f"learning-rate transfer needs a sweep task and a check task, got {tasks}")
+    check_regime = tasks.get("check_regime") or ctx.regime
     table = lr_transfer_table(inputs["lr_grid"], inputs["lr_sweep"], metric=ctx.metric, regime=ctx.regime,
-                              sweep_task=tasks["sweep"], check_task=tasks["check"])
+                              sweep_task=tasks["sweep"], check_task=tasks["check"], check_regime=check_regime)
     from retinabench.stats.baselines import select
-    base = select(inputs["baselines"], ctx.metric, "val", ctx.regime)
+    # each task's majority-class level in its own regime (the check task may be swept balanced)
+    base = pd.concat([b[b["task"] == t] for t, r in ((tasks["sweep"], ctx.regime), (tasks["check"], check_regime))
+                      for b in [select(inputs["baselines"], ctx.metric, "val", r)]], ignore_index=True)
+    regimes = ctx.regime if check_regime == ctx.regime else f"{ctx.regime} / {check_regime}"
     pages = [out["png"]] + [out[k] for k in sorted((k for k in out if k.startswith("png_part")),
                                                    key=lambda k: int(k[len("png_part"):]))]
     return [_write_csv(table, out["table"]),
             *lr_transfer_figure(table, ctx.encoders, pages, baselines=base,
                                 title=f"Transfer of the chosen learning rate: validation {ctx.metric} over the lr "
-                                      f"grid, sweep task {tasks['sweep']} vs {tasks['check']} (regime {ctx.regime})")]
+                                      f"grid, sweep task {tasks['sweep']} vs {tasks['check']} (regime {regimes})")]
 
 
 def read_input(kind: str, path: str) -> pd.DataFrame:

@@ -45,14 +45,24 @@ class Encoder:
     pooling: str = "cls"
 
 
-def entry_seed(entry: dict) -> int:
-    """Deterministic seed for random-init weights, stable across processes (unlike ``hash``)."""
-    return zlib.crc32(entry["name"].encode()) & 0x7FFFFFFF
+def entry_seed(entry: dict, seed: int | None = None) -> int:
+    """Deterministic seed for random-init weights, stable across processes (unlike ``hash``): from the entry's
+    name alone (``seed`` None: the one documented initialisation the frozen protocols' cached features use) or
+    from the name and a run's ``seed`` (fine-tuning: each seed trains from its own initialisation)."""
+    key = entry["name"] if seed is None else f"{entry['name']}/seed{int(seed)}"
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
-def build_encoder(entry: dict, weights: str | Path | None = None, device: str = "cpu") -> Encoder:
+def is_random_init(entry: dict) -> bool:
+    """Whether the entry is built with random weights (``init: random``), which then depend on the run's seed."""
+    return entry.get("init") == "random"
+
+
+def build_encoder(entry: dict, weights: str | Path | None = None, device: str = "cpu", *,
+                  seed: int | None = None) -> Encoder:
     """The encoder of a registry entry with its pinned weights (or ``weights``, a local file in the published
-    layout), loaded strictly; random init for ``init: random`` entries.
+    layout), loaded strictly; random init for ``init: random`` entries, seeded by :func:`entry_seed` (``seed``:
+    the run's seed, so each fine-tuning seed starts from its own initialisation; None: the entry's one init).
 
     ``device="meta"`` (offline tests of large models): the architecture is built without memory, its embedding
     dimension probed on meta tensors, and the checkpoint's tensors are assigned rather than copied.
@@ -64,12 +74,13 @@ def build_encoder(entry: dict, weights: str | Path | None = None, device: str = 
     record: dict[str, Any] = {"source": source, "init": entry.get("init", "pretrained"),
                               "pooling": entry["pooling"]}
     dim = None
-    if entry.get("init") == "random":
+    if is_random_init(entry):
         if weights is not None:
             raise WeightsError(f"encoder {name!r} is random-init: it loads no weights")
-        torch.manual_seed(entry_seed(entry))
+        init_seed = entry_seed(entry, seed)
+        torch.manual_seed(init_seed)
         module = build_architecture(entry, device)
-        record |= {"origin": "none", "seed": entry_seed(entry), "files": {}}
+        record |= {"origin": "none", "seed": init_seed, "run_seed": seed, "files": {}}
     else:
         loader = source_loader(entry)
         if dev.type == "meta" and not loader.on_meta:

@@ -158,7 +158,8 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         from retinabench.figures import lr_transfer_pages
         tr = {"table": A("lr_transfer")}
         _figure(tr, "png", P, "lr_transfer")
-        for part in range(2, lr_transfer_pages(ctx.lr_encoders or k) + 1):  # one page per 10 swept encoders
+        checked = len(ctx.sweep_tasks.get("check_encoders") or []) or ctx.lr_encoders or k
+        for part in range(2, lr_transfer_pages(checked) + 1):  # one page per 10 encoders swept on both tasks
             _figure(tr, f"png_part{part}", P, f"lr_transfer_part{part}")
         out["lr_transfer"] = tr
     else:

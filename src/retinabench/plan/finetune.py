@@ -45,6 +45,8 @@ class FinetunePlan:
         self.sensitivity_task: str | None
         self.sweep_task, self.sensitivity_task = sw.tasks(self.tasks) if self.sweep_on else (None, None)
         self.sweep_tasks = [t for t in (self.sweep_task, self.sensitivity_task) if t]
+        # The encoders swept on the sensitivity task too (sweep.sensitivity_encoders; every one by default).
+        self.sensitivity_encoders = sw.sensitivity_of(self.encoders) if self.sensitivity_task else []
         if set(self.sweep_tasks) - set(core.tasks):
             raise ValueError(f"sweep tasks {sorted(set(self.sweep_tasks) - set(core.tasks))} are not tasks of this "
                              f"config (its datasets' tasks: {core.tasks})")
@@ -96,8 +98,18 @@ class FinetunePlan:
         return {f"{p}/{e}/{t}": self.core.path("predictions", source=p, encoder=e, name=t) for p in self.protocols
                 for e in self.encoders for t in self.tasks}
 
+    def encoder_sweep_tasks(self, encoder) -> list[str]:
+        """The tasks ``encoder`` is swept on: the sweep task, and the sensitivity task when it is one of
+        sweep.sensitivity_encoders."""
+        return [t for t in self.sweep_tasks if t != self.sensitivity_task or encoder in self.sensitivity_encoders]
+
     def sweep_stage_files(self, encoder, kind) -> list[str]:
-        return [self.sweep_path(encoder, t, s, kind) for t in self.sweep_tasks for s in self.stages]
+        return [self.sweep_path(encoder, t, s, kind) for t in self.encoder_sweep_tasks(encoder) for s in self.stages]
+
+    def sweep_regimes(self, task) -> list[str]:
+        """The regimes of a sweep job's runs: sweep.sensitivity_regimes on the sensitivity task (when set), else
+        sweep.regimes."""
+        return self.sweep.run_regimes(task == self.sensitivity_task)
 
     def targets(self) -> list[str]:
         if not self.on:
@@ -126,14 +138,15 @@ class FinetunePlan:
     def sweep_params(self, stage):
         """A sweep stage's params: the encoder's grid and the sweep settings its runs read (plain data)."""
         lr_name, sw = self.stages[stage][1], self.sweep
-        run = sw.plain(include={"seeds", "regimes", "epochs", "steps_per_epoch"})
-        return lambda wc: {"grid": sw.grid(wc.encoder)[lr_name], **run}
+        run = sw.plain(include={"seeds", "epochs", "steps_per_epoch"})
+        return lambda wc: {"grid": sw.grid(wc.encoder)[lr_name], **run, "regimes": self.sweep_regimes(wc.task)}
 
     def sweep_runtime(self, stage):
         sw, ft = self.sweep, self.settings
 
         def runtime(wc):
             g = sw.grid(wc.encoder)[self.stages[stage][1]]
-            return self.runtime_minutes(wc.encoder, len(g) * len(sw.seeds) * train_regimes(sw.regimes),
+            runs = len(g) * len(sw.seeds) * train_regimes(self.sweep_regimes(wc.task))
+            return self.runtime_minutes(wc.encoder, runs,
                                         sw.epochs or ft.epochs, sw.steps_per_epoch or ft.steps_per_epoch)
         return runtime

@@ -47,10 +47,10 @@ def _per_job(p) -> list[Output]:
             out.append(_out(path, [e], [t]))
         if ft.sweep_on:
             for e in ft.encoders:
-                out += [_out(f, [e], ft.sweep_tasks) for kind in ("metrics", "runs")
+                out += [_out(f, [e], ft.encoder_sweep_tasks(e)) for kind in ("metrics", "runs")
                         for f in ft.sweep_stage_files(e, kind)]
-                out += [_out(p.path(name, encoder=e), [e], ft.sweep_tasks)
-                        for name in ("sweep_chosen", "sweep_sensitivity")]
+                out += [_out(p.path("sweep_chosen", encoder=e), [e], [ft.sweep_task]),
+                        _out(p.path("sweep_sensitivity", encoder=e), [e], ft.encoder_sweep_tasks(e))]
     sal = p.saliency
     if sal.on:
         for e in sal.encoders:

@@ -64,7 +64,7 @@ def load_finetuned(path: str | os.PathLike, encoder_entry: dict, task: dict, *, 
     if train_regime not in regimes:
         raise CheckpointError(f"weights file {path} has no training regime {train_regime!r} (it has "
                               f"{sorted(regimes)})")
-    encoder = build_encoder(encoder_entry)
+    encoder = build_encoder(encoder_entry, seed=int(record["seed"]))  # a random-init encoder: the run's own init
     if protocol == "linear_aug" and module_digest(encoder.module) != record["frozen_encoder_sha256"]:
         raise CheckpointError(f"weights file {path}: the encoder {encoder_entry['name']!r} built now differs from "
                               "the frozen encoder its head was trained on (weights or loader changed)")
@@ -119,7 +119,8 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
     """Train ``protocol`` with ``seed`` once per training regime of ``regimes``; predict val and test sets.
 
     Regime ``a-b`` as for the frozen protocols: ``a`` = training (and validation) data, u: all / b: the balanced
-    rows; ``b`` = test data. ``encoder``: an already built Encoder (else built from ``encoder_entry``).
+    rows; ``b`` = test data. ``encoder``: an already built Encoder (else built from ``encoder_entry``; a random-init entry's weights from
+    ``seed``, so each seed starts from its own initialisation).
     ``keep_weights``: also return each training regime's best weights (``FinetuneOutput.weights``, for
     :func:`save_weights`).
     """
@@ -127,7 +128,7 @@ def run_finetune(array_path: str | os.PathLike, index: pd.DataFrame, split: pd.D
     if protocol not in FINETUNE_PROTOCOLS:
         raise ValueError(f"unknown fine-tuning protocol {protocol!r}; expected one of {FINETUNE_PROTOCOLS}")
     parse_regimes(regimes, "fine-tuning regimes")
-    encoder = encoder or build_encoder(encoder_entry)
+    encoder = encoder or build_encoder(encoder_entry, seed=seed)  # random init: one per seed
     classes, n_classes = list(task["classes"]), len(task["classes"])
     id_to_row = dict(zip(index["image_id"], index["row"].astype(np.int64)))
     st = Path(array_path).stat()  # a rebuilt cache (same name and size, new content) gets a new mtime

@@ -57,11 +57,13 @@ def run_sweep_stage(stage: int, array_path, index: pd.DataFrame, split: pd.DataF
                     log: Callable[[str], None] = print) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every lr of ``grid`` × seed for one stage; returns (sweep metrics: METRICS + lr/lr_name/stage, runs)."""
     from retinabench.metrics.classification import metrics_table
-    from retinabench.models.encoder import build_encoder
+    from retinabench.models.encoder import build_encoder, is_random_init
     protocol, lr_name = STAGES[stage]
     if stage == 2 and lr_classifier is None:
         raise ValueError("sweep stage 2 needs the lr_classifier chosen by stage 1")
-    encoder = build_encoder(encoder_entry)
+    # One build per seed for a random-init encoder (its weights depend on the seed, as in fine-tuning), else one.
+    shared = None if is_random_init(encoder_entry) else build_encoder(encoder_entry)
+    encoders = {s: shared if shared is not None else build_encoder(encoder_entry, seed=s) for s in seeds}
     from retinabench.progress import Progress
     metrics, runs = [], []
     bar = Progress(len(grid) * len(seeds), f"sweep stage {stage} {encoder_entry['name']}/{task['name']}",
@@ -74,7 +76,7 @@ def run_sweep_stage(stage: int, array_path, index: pd.DataFrame, split: pd.DataF
             where = Path(ckpt_dir) / f"{lr_name}_{lr:g}" / f"seed{seed}" if ckpt_dir else None
             try:
                 out = run_finetune(array_path, index, split, task, encoder_entry, protocol=protocol, seed=seed,
-                                   regimes=regimes, cfg=run_cfg, ckpt_dir=where, threads=threads, encoder=encoder,
+                                   regimes=regimes, cfg=run_cfg, ckpt_dir=where, threads=threads, encoder=encoders[seed],
                                    log=log)
             except DivergedError as err:
                 # A diverged learning rate is a sweep result (val loss +inf), not a failure of the sweep.

@@ -143,6 +143,11 @@ class SweepSettings(Section):
     enabled: bool = Field(True, description="with finetune.enabled; false: finetune.lr_encoder / lr_classifier")
     task: str | None = Field(None, description="null: the first fine-tuned task")
     sensitivity_task: str | None = Field("auto", description="auto: the second fine-tuned task, if any; null: none")
+    sensitivity_encoders: Names | None = Field(None, description="encoders the sensitivity task repeats both stages "
+                                                                 "for; null: every fine-tuned encoder")
+    sensitivity_regimes: Regimes | None = Field(
+        None, description="regimes of the sensitivity task's runs; null: sweep.regimes ([b-b]: trained, validated and "
+                          "tested on the task's class-balanced subsets)")
     lr_classifier: LearningRates = Field([1.0e-4, 1.0e-3, 1.0e-2], description="stage 1 (linear_aug)")
     lr_encoder: LearningRates = Field([1.0e-7, 1.0e-6, 1.0e-5, 1.0e-4, 1.0e-3],
                                       description="stage 2 (finetune), stage 1's lr_classifier fixed")
@@ -170,6 +175,21 @@ class SweepSettings(Section):
         if sens == task:
             raise ValueError(f"sweep.sensitivity_task must differ from sweep.task ({task!r})")
         return task, sens
+
+    def sensitivity_of(self, encoders: list[str]) -> list[str]:
+        """The encoders of ``encoders`` (the fine-tuned ones, in their order) the sensitivity task repeats the
+        sweep for; a listed encoder that is not fine-tuned is an error."""
+        if self.sensitivity_encoders is None:
+            return list(encoders)
+        unknown = [e for e in self.sensitivity_encoders if e not in encoders]
+        if unknown:
+            raise ValueError(f"sweep.sensitivity_encoders {unknown} are not fine-tuned encoders of this config "
+                             f"(finetune.encoders / encoders: {list(encoders)})")
+        return [e for e in encoders if e in self.sensitivity_encoders]
+
+    def run_regimes(self, sensitivity: bool) -> list[str]:
+        """The regimes of the sweep task's runs (``sensitivity`` False) or of the sensitivity task's."""
+        return list(self.sensitivity_regimes if sensitivity and self.sensitivity_regimes else self.regimes)
 
     def train_config(self, finetune: TrainConfig, **overrides) -> TrainConfig:
         """The fine-tuning settings a sweep run trains with: its own epochs / steps when set, ``overrides``."""

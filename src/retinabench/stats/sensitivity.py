@@ -119,12 +119,14 @@ LR_TRANSFER_COLUMNS = ["encoder", "protocol", "stage", "lr_name", "task", "role"
 
 
 def lr_transfer_table(grid: pd.DataFrame, sensitivity: pd.DataFrame, *, metric: str, regime: str, sweep_task: str,
-                      check_task: str) -> pd.DataFrame:
+                      check_task: str, check_regime: str | None = None) -> pd.DataFrame:
     """The transfer check of the chosen learning rate (OcularBench Figs. A.14/A.15): per encoder, sweep stage,
     task (the sweep task and the check task) and lr, the seed-mean validation ``metric``; ``lr_chosen`` is the
     sweep's choice on the sweep task (lowest validation loss), ``lr_optimal_here`` that task's own optimum, and
     ``transfers`` says whether the check task's optimum is the sweep task's choice.
 
+    ``regime``: the sweep task's regime; ``check_regime``: the check task's (None: ``regime``; OcularBench checks
+    on EyePACS balanced, b-b). Only the encoders swept on the check task are compared (sweep.sensitivity_encoders).
     ``grid``: the sweep's per-lr metrics (METRICS columns + lr, lr_name, stage); ``sensitivity``: the sweep's
     sensitivity table (lr_optimal per encoder, task, stage)."""
     need = [*METRICS.names, "lr", "lr_name", "stage"]
@@ -134,12 +136,16 @@ def lr_transfer_table(grid: pd.DataFrame, sensitivity: pd.DataFrame, *, metric: 
     if not is_sensitivity_table(sensitivity) or "stage" not in sensitivity.columns:
         raise KeyError("the lr transfer check needs the sweep's own sensitivity table (sweep/lr_sensitivity.parquet)")
     tasks = {sweep_task: "sweep task", check_task: "transfer check"}
-    g = grid[(grid["metric"] == metric) & (grid["regime"] == regime) & (grid["split"] == "val")
-             & grid["task"].isin(list(tasks))]
+    regimes = {sweep_task: regime, check_task: check_regime or regime}
+    g = grid[(grid["metric"] == metric) & (grid["split"] == "val") & grid["task"].isin(list(tasks))]
+    g = g[g["regime"] == g["task"].map(regimes)]
     lacking = sorted(set(tasks) - set(g["task"]))
     if lacking:
-        raise ValueError(f"learning-rate transfer: no validation {metric} rows (regime {regime!r}) for task(s) "
-                         f"{lacking}; tasks present: {sorted(grid['task'].unique())}")
+        wanted = ", ".join(f"{t} (regime {regimes[t]})" for t in lacking)
+        raise ValueError(f"learning-rate transfer: no validation {metric} rows for {wanted}; tasks present: "
+                         f"{sorted(grid['task'].unique())}, regimes {sorted(grid['regime'].unique())}")
+    checked = set(g.loc[g["task"] == check_task, "encoder"])
+    g = g[g["encoder"].isin(checked)]  # the encoders swept on both tasks
     means = (g.groupby(["encoder", "protocol", "stage", "lr_name", "task", "lr"], as_index=False)
              .agg(value=("value", "mean"), n_seeds=("seed", "nunique")))
     opt = sensitivity.drop_duplicates(["encoder", "task", "stage"]).set_index(["encoder", "task", "stage"])["lr_optimal"]
@@ -158,7 +164,7 @@ def lr_transfer_table(grid: pd.DataFrame, sensitivity: pd.DataFrame, *, metric: 
     check_opt = {(e, s): optimum(e, check_task, s) for e, s in zip(means["encoder"], means["stage"])}
     means["transfers"] = [bool(np.isclose(check_opt[(e, s)], c, rtol=1e-12, atol=0))
                           for e, s, c in zip(means["encoder"], means["stage"], means["lr_chosen"])]
-    out = means.assign(metric=metric, regime=regime, split="val")
+    out = means.assign(metric=metric, regime=means["task"].map(regimes), split="val")
     return out.sort_values(["encoder", "stage", "role", "lr"])[
         LR_TRANSFER_COLUMNS].reset_index(drop=True)
 

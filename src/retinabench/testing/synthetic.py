@@ -111,11 +111,13 @@ def synthetic_lr_sweep(metrics: pd.DataFrame, *, lrs=(1e-4, 1e-3, 1e-2), protoco
 
 
 def synthetic_sweep(encoders: dict[str, dict], tasks: list[str], *, seed: int = 0,
-                    metrics=("accuracy", "balanced_accuracy", "auroc")) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    metrics=("accuracy", "balanced_accuracy", "auroc"), check_encoders: list[str] | None = None,
+                    check_regime: str = "u-u") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-lr sweep metrics, sensitivity table) in the formats of the sweep's own tables (sweep/lr_sweep_metrics
     and sweep/lr_sensitivity): stage 1 linear_aug over lr_classifier, stage 2 finetune over lr_encoder, seed 0,
     regime u-u; scores peak at an encoder- and task-specific lr. The optimum stands in for the lowest validation
-    loss (the first of ``tasks`` is the sweep task, the second the transfer check)."""
+    loss (the first of ``tasks`` is the sweep task, the second the transfer check, swept for ``check_encoders``
+    only (None: all) in ``check_regime``, as sweep.sensitivity_encoders / sensitivity_regimes)."""
     rng = np.random.default_rng(seed)
     stages = {1: ("linear_aug", "lr_classifier", (1e-4, 1e-3, 1e-2)), 2: ("finetune", "lr_encoder", (1e-6, 1e-5, 1e-4))}
     grid, sens = [], []
@@ -123,7 +125,10 @@ def synthetic_sweep(encoders: dict[str, dict], tasks: list[str], *, seed: int = 
         skill = rng.uniform(0.6, 0.85)
         for stage, (protocol, lr_name, lrs) in stages.items():
             best = int(rng.integers(len(lrs)))
-            for t in tasks:
+            for k, t in enumerate(tasks):
+                if k == 1 and check_encoders is not None and e not in check_encoders:
+                    continue
+                regime = check_regime if k == 1 else "u-u"
                 best_t = best if rng.random() < 0.7 else int(rng.integers(len(lrs)))
                 values = {}
                 for i, lr in enumerate(lrs):
@@ -132,14 +137,14 @@ def synthetic_sweep(encoders: dict[str, dict], tasks: list[str], *, seed: int = 
                             v = float(np.clip(skill - 0.06 * abs(i - best_t) + rng.normal(0, 0.005), 0, 1))
                             values[(split, m, lr)] = v
                             grid.append({"dataset": "ds00", "task": t, "encoder": e, "protocol": protocol, "seed": 0,
-                                         "regime": "u-u", "split": split, "metric": m, "value": v, "n": 200,
+                                         "regime": regime, "split": split, "metric": m, "value": v, "n": 200,
                                          "lr": lr, "lr_name": lr_name, "stage": stage})
                 for split in ("val", "test"):
                     for m in metrics:
                         opt = values[(split, m, lrs[best_t])]
                         sub = [values[(split, m, lr)] for lr in lrs if lr != lrs[best_t]]
                         sens.append({"encoder": e, "task": t, "stage": stage, "protocol": protocol, "lr_name": lr_name,
-                                     "regime": "u-u", "split": split, "metric": m, "lr_optimal": lrs[best_t],
+                                     "regime": regime, "split": split, "metric": m, "lr_optimal": lrs[best_t],
                                      "value_optimal": opt, "value_suboptimal_mean": float(np.mean(sub)),
                                      "value_suboptimal_sd": float(np.std(sub, ddof=1)), "n_suboptimal": len(sub),
                                      "n_diverged": 0, "drop": opt - float(np.mean(sub))})
