@@ -139,7 +139,7 @@ def test_a_default_is_declared_once():
     from retinabench.protocols.registry import PROTOCOLS
     assert KnnSettings.model_fields["k"].default == 20
     assert PROTOCOLS.get("knn").settings({}).k == 20
-    assert PROTOCOLS.get("logreg").settings({}).max_iter == 2000  # the value the pipeline uses (one, not two)
+    assert PROTOCOLS.get("logreg").settings({}).iterations == 2000  # the value the pipeline uses (one, not two)
     import inspect
 
     from retinabench.protocols import knn, logreg

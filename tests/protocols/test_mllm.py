@@ -186,3 +186,57 @@ def test_check_encoder_loads_an_mllm_and_lists_its_answer_tokens(tiny_mllms):
     assert ok and "LlavaProcessor, chat template: yes" in text and "'YES': 'unknown/special token'" in text
     bad, lines = check_encoder(dict(entry, hf_config={"model_type": "qwen2_vl"}), weights=folder)
     assert not bad and "disagrees with the entry's hf_config" in "\n".join(lines)
+
+
+def _answered(answers):
+    """mllm_predictions of test rows whose generated answers are ``answers`` (no model: the answer path only)."""
+    from retinabench.protocols.mllm import mllm_predictions
+    from retinabench.prompts import load_prompts
+    n = len(answers)
+    rows = pd.DataFrame({"image_id": [f"i{k}" for k in range(n)], "y": [k % 2 for k in range(n)]})
+    a = pd.DataFrame({"answer": answers, "prob_yes": np.linspace(0.1, 0.9, n), "prob_no": 0.05, "mass": 0.5,
+                      "renorm": np.linspace(0.2, 0.8, n)})
+    prompt = load_prompts(REPO / "config/prompts.yaml").mllm("focus", TASK)
+    return mllm_predictions(rows, a, ["q"] * n, TASK, "m", prompt, default_set="focus", regime="u-u", part="test")
+
+
+def test_dropped_invalid_answers_reduce_n_and_are_reported():
+    """mllm.invalid_answers: drop (FOCUS) leaves the invalid answers out; invalid_rate stays reported."""
+    from retinabench.metrics.classification import metrics_table
+    from retinabench.protocols.mllm import answer_counts, drop_invalid
+    kept = _answered(["Yes", "no", "maybe", "No.", "I cannot tell", "yes"])
+    dropped = drop_invalid(kept)
+    conform(dropped, "predictions")
+    assert len(kept) == 12 and len(dropped) == 8 and (dropped["y_pred"] != INVALID).all()  # 2 of 6, per protocol
+    assert (dropped["n_answers"] == 6).all() and (dropped["n_dropped"] == 2).all()
+    tasks = {"t": TASK}
+    mk, md = (metrics_table(p, tasks).set_index(["protocol", "metric"]) for p in (kept, dropped))
+    for m in (mk, md):  # the invalid rate, over every answer given, whichever is chosen
+        assert m.loc[("mllm", "invalid_rate"), "value"] == pytest.approx(2 / 6)
+        assert m.loc[("mllm", "invalid_rate"), "n"] == 6
+    # accuracy: kept, an invalid answer is wrong (n 6); dropped, over the 4 valid answers (n 4)
+    y = np.arange(6) % 2
+    assert mk.loc[("mllm", "accuracy"), "n"] == 6 and md.loc[("mllm", "accuracy"), "n"] == 4
+    valid_pred = {0: 1, 1: 0, 3: 0, 5: 1}  # yes index 1, no index 0
+    want = np.mean([valid_pred[k] == y[k] for k in valid_pred])
+    assert md.loc[("mllm", "accuracy"), "value"] == pytest.approx(want)
+    assert mk.loc[("mllm", "accuracy"), "value"] == pytest.approx(want * 4 / 6)
+    assert md.loc[("mllm", "accuracy_valid"), "value"] == pytest.approx(mk.loc[("mllm", "accuracy_valid"), "value"])
+    c_kept, c_drop = answer_counts(kept), answer_counts(dropped)
+    assert c_kept[["n", "n_invalid"]].equals(c_drop[["n", "n_invalid"]]) and (c_drop["n"] == 6).all()
+
+
+def test_the_job_drops_invalid_answers_only_when_asked(tiny_mllms, prompts, monkeypatch):
+    from retinabench.protocols import mllm as mllm_mod
+    from retinabench.protocols.interfaces import MLLMSettings, TaskInput
+    entry, folder = tiny_mllms["tiny_llava"]
+    answers = _answered(["Yes", "maybe", "no", "no"])
+    monkeypatch.setattr(mllm_mod, "run_mllm", lambda *a, **k: answers.copy())
+    ti = TaskInput(TASK, pd.DataFrame(), [], np.zeros((0, 8, 8, 3), np.uint8), pd.DataFrame())
+    logs = []
+    for policy, n in (("keep_as_wrong", 8), ("drop", 6)):
+        s = MLLMSettings(invalid_answers=policy, device="cpu")
+        out = mllm_mod.run(entry, [ti], prompts, s, weights=folder, log=logs.append)
+        assert len(out) == n and ((out["y_pred"] == INVALID).sum() == 0) == (policy == "drop")
+    assert MLLMSettings().invalid_answers == "keep_as_wrong" and MLLMSettings().max_new_tokens == 8
+    assert any("1 of 4 answers invalid (25.0%), dropped (FOCUS)" in line for line in logs)

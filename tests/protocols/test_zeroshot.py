@@ -196,3 +196,33 @@ def test_a_siglip_with_a_sentencepiece_tokenizer_loads_as_published(tmp_path):
     with torch.inference_mode():
         emb = dual.encode_text(["a fundus photograph of diabetic retinopathy", "a healthy eye"]).numpy()
     assert emb.shape == (2, 32) and not np.allclose(emb[0], emb[1])
+
+
+def test_siglip_text_padding_focus_tokenises_the_classes_together_padded_to_the_longest(tiny_duals):
+    """zeroshot.siglip_text_padding: focus = FOCUS's HFSiglipModel.get_text_embeddings (processor(text=texts,
+    padding=True, truncation=True), every output passed on) over a task's class prompts in one batch."""
+    from transformers import AutoTokenizer
+
+    from retinabench.prompts import ZeroShotPrompts
+    from retinabench.protocols.zeroshot import class_embeddings
+    entry, folder = tiny_duals["siglip"]
+    dual = load_dual_encoder(entry, weights=folder)
+    prompts = ZeroShotPrompts("s", "t", ("no", "yes"), (("a healthy retina",),
+                                                        ("a fundus photograph with diabetic retinopathy lesions",)))
+    texts = [t for ts in prompts.texts for t in ts]
+    tok = AutoTokenizer.from_pretrained(folder)(texts, return_tensors="pt", padding=True, truncation=True)
+    assert tok["input_ids"].shape[1] < dual.module.config.text_config.max_position_embeddings  # shorter: it differs
+    with torch.inference_mode():
+        want = dual.module.get_text_features(**{k: v for k, v in tok.items()
+                                                if k in ("input_ids", "attention_mask")})
+        want = getattr(want, "pooler_output", want).numpy()
+    focus = class_embeddings(dual, prompts, "focus")
+    np.testing.assert_allclose(focus, np.stack([class_embedding(w[None]) for w in want]), atol=1e-5)
+    ours = class_embeddings(dual, prompts)  # max_length: each text padded to the tower's length
+    assert not np.allclose(ours, focus, atol=1e-4)
+    # a CLIP model pads to the longest already: the option changes nothing there
+    clip_entry, clip_folder = tiny_duals["hf_clip"]
+    clip = load_dual_encoder(clip_entry, weights=clip_folder)
+    np.testing.assert_array_equal(class_embeddings(clip, prompts, "focus"), class_embeddings(clip, prompts))
+    with pytest.raises(ValueError, match="siglip_text_padding"):
+        class_embeddings(dual, prompts, "longest")

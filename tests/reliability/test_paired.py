@@ -179,3 +179,38 @@ def test_paired_ece_replicates_use_the_configured_bin_edges():
     assert settings.ece_bin_edges == "focus"
     with pytest.raises(ConfigError, match="ece_bin_edges"):
         ReliabilitySettings.from_config({"reliability": {"ece_bin_edges": "left_closed"}})
+
+
+def test_domain_summary_one_stage_resamples_deltas_two_stage_also_images():
+    """reliability.bootstrap.summary: one_stage (FOCUS) resamples the comparisons' point deltas, so two
+    comparisons with equal deltas get a zero-width CI whatever their image-level spread; two_stage keeps it."""
+    from retinabench.reliability.paired import summarise_comparisons
+    from retinabench.stats.bootstrap import one_stage_mean_replicates, make_rng, percentile_ci
+    rng = np.random.default_rng(0)
+    done = pd.DataFrame({"g": ["x", "x", "y", "y"], "task": ["a", "b", "a", "b"], "delta": [0.1, 0.1, 0.0, 0.4]})
+    reps_of = {i: d + rng.normal(0, 0.05, 1000) for i, d in enumerate(done["delta"])}
+    boot = {"n_boot": 1000, "seed": 0, "level": 0.95}
+    two = summarise_comparisons(done, reps_of, ["g"], boot).set_index("g")
+    one = summarise_comparisons(done, reps_of, ["g"], {**boot, "summary": "one_stage"}).set_index("g")
+    assert (one["delta"] == two["delta"]).all() and one.loc["x", "delta"] == pytest.approx(0.1)
+    assert one.loc["x", "ci_low"] == one.loc["x", "ci_high"] == pytest.approx(0.1)  # equal deltas: no width
+    assert two.loc["x", "ci_high"] - two.loc["x", "ci_low"] > 0.05  # the images' uncertainty stays
+    # deltas 0.0 and 0.4: one stage draws {0, 0.2, 0.4}; the percentile CI is [0, 0.4], computed by hand
+    r = one_stage_mean_replicates(np.array([0.0, 0.4]), make_rng(0, "domain", "y"), 1000)
+    assert (one.loc["y", "ci_low"], one.loc["y", "ci_high"]) == pytest.approx(percentile_ci(r)[:2])
+    assert (one.loc["y", "ci_low"], one.loc["y", "ci_high"]) == pytest.approx((0.0, 0.4))
+    with pytest.raises(ValueError, match="two_stage or one_stage"):
+        summarise_comparisons(done, reps_of, ["g"], {**boot, "summary": "three"})
+
+
+def test_bootstrap_summary_setting_reaches_the_domain_table():
+    preds, man = world(n_patients=40)
+    s1 = ReliabilitySettings.from_config({"reliability": {"bootstrap": {"summary": "one_stage"}}})
+    assert ReliabilitySettings().bootstrap.summary == "two_stage"
+    _, d1 = paired_comparisons(preds, man, TASKS, s1, ["weak", "good", "twin"])
+    _, d2 = paired_comparisons(preds, man, TASKS, ReliabilitySettings(), ["weak", "good", "twin"])
+    assert (d1["delta"].to_numpy() == pytest.approx(d2["delta"].to_numpy()))
+    width = [(d["ci_high"] - d["ci_low"]).to_numpy() for d in (d1, d2)]
+    assert not np.allclose(width[0], width[1])
+    with pytest.raises(ConfigError, match="summary"):
+        ReliabilitySettings.from_config({"reliability": {"bootstrap": {"summary": "hierarchical"}}})

@@ -7,8 +7,8 @@ from sklearn import metrics as skm
 
 from retinabench.metrics.calibration import binary_ece, top_label_ece
 from retinabench.stats.bootstrap import (benjamini_hochberg, bootstrap_p_value, cluster_resample_indices,
-                                         cluster_weights, hierarchical_mean_replicates, make_rng, percentile_ci,
-                                         weighted_metrics)
+                                         cluster_weights, hierarchical_mean_replicates, make_rng,
+                                         one_stage_mean_replicates, percentile_ci, weighted_metrics)
 
 
 def _binary(n=120, seed=0, ties=True):
@@ -155,3 +155,21 @@ def test_hierarchical_mean_resamples_comparisons():
     r = hierarchical_mean_replicates(spread, make_rng(0))
     assert set(np.unique(r)) == {0.0, 0.5, 1.0}  # both, one or the other comparison drawn twice
     assert 0.4 < r.mean() < 0.6
+
+
+def test_one_stage_resamples_the_point_deltas_as_focus_does():
+    """FOCUS's summarize_deltas: NaN deltas dropped, then n_boot means of rng.choice(deltas, k, replace=True)."""
+    deltas = np.array([0.0, 1.0, np.nan])
+    r = one_stage_mean_replicates(deltas, make_rng(3), 1000)
+    assert r.shape == (1000,) and set(np.unique(r)) <= {0.0, 0.5, 1.0}  # k = 2 finite deltas
+    # by hand: replicate b is the mean of the two deltas at rng.integers(0, 2, 2) of that replicate's call
+    rng = make_rng(3)
+    by_hand = np.array([np.array([0.0, 1.0])[rng.integers(0, 2, size=2)].mean() for _ in range(1000)])
+    np.testing.assert_array_equal(r, by_hand)
+    assert 0.45 < np.mean(r == 0.5) < 0.55  # P(one of each) = 1/2
+    lo, hi, _ = percentile_ci(r)
+    assert (lo, hi) == (0.0, 1.0)
+    # identical deltas: a zero-width interval (each comparison's own uncertainty is ignored)
+    assert np.all(one_stage_mean_replicates([0.2, 0.2, 0.2], make_rng(0), 1000) == pytest.approx(0.2))
+    with pytest.raises(ValueError, match="no finite comparison delta"):
+        one_stage_mean_replicates([np.nan], make_rng(0), 1000)

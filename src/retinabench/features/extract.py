@@ -75,6 +75,48 @@ def prepare_module(module: torch.nn.Module, device: torch.device, channels_last:
     return module, use_cl
 
 
+# -- the probe embedding (features.probe_embedding) ----------------------------------------------------------------
+class _L2Normalised(torch.nn.Module):
+    """``embed(x)`` L2-normalised row by row; ``module`` is held so that ``.to`` / ``.eval`` reach it."""
+
+    def __init__(self, module: torch.nn.Module, embed):
+        super().__init__()
+        self.module, self.embed = module, embed
+
+    def forward(self, x):
+        return F.normalize(self.embed(x).float(), p=2.0, dim=-1)
+
+
+def build_probe_encoder(entry: dict, probe_embedding: str = "pre_projection", weights=None) -> Encoder:
+    """The encoder whose embeddings the probes see (``features.probe_embedding``):
+
+    * ``pre_projection`` (ours): :func:`~retinabench.models.encoder.build_encoder`, the entry's pooling (a dual
+      encoder's image tower before its projection, or the entry's ``projected`` variant where it declares one);
+    * ``projected_l2`` (FOCUS, whose ``get_image_embeddings`` return ``get_image_features`` / the CLIP image
+      embedding divided by its norm): an entry with the zeroshot interface embeds through its whole dual
+      encoder's image tower into the joint image-text space; any other entry (no joint space) keeps its pooling.
+      Every embedding is then L2-normalised (FOCUS normalises its vision encoders' embeddings too)."""
+    from retinabench.models.encoder import build_encoder
+    if probe_embedding == "pre_projection":
+        return build_encoder(entry, weights)
+    if probe_embedding != "projected_l2":
+        raise ValueError(f"features.probe_embedding must be pre_projection or projected_l2, got {probe_embedding!r}")
+    from retinabench.models.strict import probe_embed_dim
+    if "zeroshot" in (entry.get("interfaces") or []):
+        from retinabench.models.dual_encoder import load_dual_encoder
+        dual = load_dual_encoder(entry, weights)
+        module = _L2Normalised(dual.module, dual.encode_image).eval()
+        dim = probe_embed_dim(module, dict(entry, embed_dim=None))  # the joint space's dimension
+        record = {**dual.weights, "probe_embedding": "projected_l2: joint image-text space, L2-normalised"}
+        return Encoder(entry["name"], module, tuple(dual.mean), tuple(dual.std), dual.input_size, dim, record,
+                       "projected")
+    enc = build_encoder(entry, weights)
+    enc.module = _L2Normalised(enc.module, enc.module).eval()
+    enc.weights = {**enc.weights, "probe_embedding": "projected_l2: no joint space, the entry's pooling "
+                                                     "L2-normalised"}
+    return enc
+
+
 def features_schema(dim: int) -> pa.Schema:
     return pa.schema([("image_id", pa.string()), ("embedding", pa.list_(pa.float32(), dim))])
 

@@ -21,7 +21,10 @@ Predictions that carry a generated ``answer`` (the MLLM protocols) may hold inva
 accuracy, balanced accuracy (a miss of its true class), macro F1 (a false negative of its true class, a false
 positive of none) and kappa (a category of its own that agrees with no class; weight 1 = maximal disagreement
 against every class). Such tables also get ``invalid_rate`` (n = all rows) and ``accuracy_valid`` (accuracy over
-the valid answers; n = their count). A table without an ``answer`` column may not hold the invalid code.
+the valid answers; n = their count). A table without an ``answer`` column may not hold the invalid code. Under
+``mllm.invalid_answers: drop`` (FOCUS) the invalid answers are not in the table; its rows' ``n_answers`` and
+``n_dropped`` columns then give ``invalid_rate`` (n = the answers given) while the other metrics cover the valid
+answers.
 """
 from __future__ import annotations
 
@@ -100,7 +103,11 @@ def metrics_table(predictions: pd.DataFrame, tasks: dict[str, dict]) -> pd.DataF
         for metric in metric_names(len(pcols)):
             rows.append({**base, "metric": metric, "value": values[metric], "n": len(grp)})
         if answered:
-            rows.append({**base, "metric": "invalid_rate", "value": values["invalid_rate"], "n": len(grp)})
+            n_answers, rate = len(grp), values["invalid_rate"]
+            if "n_dropped" in grp.columns and grp["n_dropped"].notna().any():  # invalid answers dropped (FOCUS)
+                n_answers = int(grp["n_answers"].iloc[0])
+                rate = (rate * len(grp) + float(grp["n_dropped"].iloc[0])) / n_answers
+            rows.append({**base, "metric": "invalid_rate", "value": rate, "n": n_answers})
             rows.append({**base, "metric": "accuracy_valid", "value": values["accuracy_valid"],
                          "n": values["n_valid"]})
     return pd.DataFrame(rows)

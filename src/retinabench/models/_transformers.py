@@ -224,10 +224,14 @@ def _dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEncoder
     else:
         pad = dict(padding=True, truncation=True, max_length=int(model.config.text_config.max_position_embeddings))
 
-    def enc_text(texts):
-        tok = tokenizer(list(texts), return_tensors="pt", **pad)
+    def enc_text(texts, *, padding: str = "max_length"):
+        """``padding`` (SigLIP only; zeroshot.siglip_text_padding): max_length, or focus: FOCUS's tokenizer call
+        (padding=True, truncation=True: to the batch's longest text) with what the tokenizer returns."""
+        focus = family == "siglip" and padding == "focus"
+        args = dict(padding=True, truncation=True, max_length=pad["max_length"]) if focus else pad
+        tok = tokenizer(list(texts), return_tensors="pt", **args)
         tok = {k: v.to(module_device(model)) for k, v in tok.items() if k in ("input_ids", "attention_mask")}
-        if family == "siglip":
+        if family == "siglip" and not focus:
             tok.pop("attention_mask", None)  # SigLIP is used without a text attention mask (its reference usage)
         return _features(model.get_text_features(**tok))
 

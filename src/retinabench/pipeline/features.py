@@ -10,12 +10,11 @@ from retinabench.pipeline.stages import stage
 @stage("features")
 def stage_features(job: Job) -> None:
     import torch
-    from retinabench.features.extract import extract_features
-    from retinabench.models.encoder import build_encoder
+    from retinabench.features.extract import build_probe_encoder, extract_features
     torch.set_num_threads(max(1, job.threads))
     entry, p = job.params["encoder"], job.params["features"]
     t0 = time.perf_counter()
-    encoder = build_encoder(entry)
+    encoder = build_probe_encoder(entry, p["probe_embedding"])
     info = extract_features(encoder, job.input["array"], job.input["index"], job.output["features"],
                             batch_size=p["batch_size"], device=p["device"], progress=True)
     info["seconds"] = round(time.perf_counter() - t0, 2)

@@ -12,10 +12,13 @@ needs several tokens, or encodes to the unknown token, does not count), p_no lik
 * ``mllm_renorm``: p_yes / (p_yes + p_no), computed as sigmoid(log p_yes − log p_no).
 
 Both carry the same hard prediction, parsed from the generated text: the first standalone ``yes`` / ``no`` word
-(case-insensitive; ``Yes.`` and ``no,`` count, ``yesterday`` does not). Anything else is an INVALID answer: kept,
-never dropped (FOCUS drops them), encoded as ``y_pred = -1`` (:data:`INVALID`), which every hard-decision metric
-counts as wrong (retinabench.metrics.classification handles it explicitly) while ``invalid_rate`` and the
-valid-only accuracy (with its n) are reported beside it. Extra columns: ``answer`` (raw text), ``answer_valid``,
+(case-insensitive; ``Yes.`` and ``no,`` count, ``yesterday`` does not). Anything else is an INVALID answer, handled
+by ``mllm.invalid_answers``: ``keep_as_wrong`` (ours, the default) keeps it, encoded as ``y_pred = -1``
+(:data:`INVALID`), which every hard-decision metric counts as wrong (retinabench.metrics.classification handles it
+explicitly) while ``invalid_rate`` and the valid-only accuracy (with its n) are reported beside it; ``drop`` (FOCUS's,
+whose evaluation keeps only parsed answers) leaves it out of the predictions (:func:`drop_invalid`), and every kept
+row of its group records ``n_answers`` (answers given) and ``n_dropped`` (invalid ones dropped), from which the
+metrics table still reports ``invalid_rate``. Extra columns: ``answer`` (raw text), ``answer_valid``,
 ``prob_yes``, ``prob_no``, ``mass`` (p_yes + p_no, the diagnostic of how much of the distribution is an answer
 at all), ``prompt_set`` and ``prompt`` (the rendered question). They are not named ``p_yes`` / ``p_no``: those
 are the class-probability columns of a task with classes ``no``/``yes``.
@@ -42,6 +45,7 @@ MLLM_PROTOCOLS = ("mllm", "mllm_renorm")
 INVALID = -1
 _ANSWER = re.compile(r"(?<![A-Za-z0-9])(yes|no)(?![A-Za-z0-9])", re.IGNORECASE)
 DEFAULTS: dict[str, Any] = {"max_new_tokens": 8, "batch_size": 8, "device": "auto", "dtype": "auto"}
+ANSWER_GROUP = ["dataset", "task", "encoder", "protocol", "regime", "split"]  # one set of answers (seed is 0)
 
 
 def parse_yes_no(text: str | None) -> str | None:
@@ -256,12 +260,30 @@ def adapter_predictions(preds: pd.DataFrame, mllm: MLLM) -> pd.DataFrame:
 
 # --- the pipeline job ---------------------------------------------------------------------------------------------
 def answer_counts(predictions: pd.DataFrame) -> pd.DataFrame:
-    """Invalid answers per (task, protocol, regime, split): n, n_invalid, invalid_rate (what the job prints)."""
-    keys = ["dataset", "task", "encoder", "protocol", "regime", "split"]
-    g = predictions.assign(invalid=predictions["y_pred"] == INVALID).groupby(keys, sort=True)["invalid"]
-    out = g.agg(n="size", n_invalid="sum").reset_index()
+    """Invalid answers per (task, protocol, regime, split): n, n_invalid, invalid_rate (what the job prints); n
+    counts the answers given, those :func:`drop_invalid` dropped included."""
+    p = predictions.assign(invalid=predictions["y_pred"] == INVALID)
+    out = p.groupby(ANSWER_GROUP, sort=True)["invalid"].agg(n="size", n_invalid="sum").reset_index()
+    if "n_dropped" in p.columns and p["n_dropped"].notna().any():
+        rec = p.groupby(ANSWER_GROUP, sort=True)[["n_answers", "n_dropped"]].first().reset_index()
+        out = out.merge(rec, on=ANSWER_GROUP, how="left")
+        dropped = out.pop("n_dropped").fillna(0).astype(np.int64)
+        out["n"] = out.pop("n_answers").fillna(out["n"]).astype(np.int64)
+        out["n_invalid"] = out["n_invalid"] + dropped
     out["invalid_rate"] = out["n_invalid"] / out["n"]
     return out
+
+
+def drop_invalid(predictions: pd.DataFrame) -> pd.DataFrame:
+    """``mllm.invalid_answers: drop`` (FOCUS): the invalid answers (y_pred −1) left out; each kept row records its
+    group's ``n_answers`` (answers given) and ``n_dropped`` (invalid answers left out), so that the invalid rate
+    stays reported. A group whose every answer is invalid has no row left: :func:`answer_counts` of the undropped
+    table (the job's log and provenance) still counts it."""
+    invalid = predictions["y_pred"] == INVALID
+    g = predictions.assign(invalid=invalid).groupby(ANSWER_GROUP, sort=False)["invalid"]
+    out = predictions.assign(n_answers=g.transform("size").astype(np.int64),
+                             n_dropped=g.transform("sum").astype(np.int64))
+    return out[~invalid.to_numpy()].reset_index(drop=True)
 
 
 def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *, weights: str | Path | None = None,
@@ -269,9 +291,9 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     """One MLLM job: registry ``entry``'s model and processor loaded once (strictly, from its locked files or the
     local folder ``weights``), then every task of ``inputs`` (:class:`~retinabench.protocols.interfaces.TaskInput`,
     with its manifest rows) under each of its mllm prompt sets: both protocols, one generate() per batch. Invalid
-    answers are kept (``y_pred`` −1) and their count is printed per task and prompt set. Returns one predictions
-    table (the shared schema + ``answer``, ``answer_valid``, ``prob_yes``, ``prob_no``, ``mass``, ``prompt_set``,
-    ``prompt``), checked against the schema.
+    answers are kept (``y_pred`` −1) or dropped (``invalid_answers: drop``; + ``n_answers``, ``n_dropped``) and
+    their count is printed per task and prompt set. Returns one predictions table (the shared schema + ``answer``,
+    ``answer_valid``, ``prob_yes``, ``prob_no``, ``mass``, ``prompt_set``, ``prompt``), checked against the schema.
 
     ``adapter``: a LoRA adapter folder (retinabench.protocols.lora), verified and applied to the loaded model
     before anything runs (:func:`retinabench.models.adapters.load_adapter`); then the same path — prompts, scoring,
@@ -301,8 +323,9 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
         if adapter is not None:
             preds = adapter_predictions(preds, m)
         counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]).isin(["mllm", "mllm_lora"])])
+        what = "dropped (FOCUS)" if s.invalid_answers == "drop" else "kept and counted wrong"
         for r in counts.itertuples():
             log(f"mllm {entry['name']}/{r.task} {r.protocol} {r.regime} {r.split}: {r.n_invalid} of {r.n} answers "
-                f"invalid ({r.invalid_rate:.1%}), kept and counted wrong")
-        frames.append(preds)
+                f"invalid ({r.invalid_rate:.1%}), {what}")
+        frames.append(drop_invalid(preds) if s.invalid_answers == "drop" else preds)
     return finish_predictions(frames, f"mllm {entry['name']}")

@@ -116,7 +116,8 @@ register(Protocol("knn", "features", "retinabench.protocols.knn", section="knn",
 register(Protocol("linear", "features", "retinabench.protocols.linear", section="linear",
                   description="linear head on cached features, AdamW + cosine schedule, best validation epoch"))
 register(Protocol("logreg", "features", "retinabench.protocols.logreg", section="logreg", deterministic=True,
-                  description="FOCUS-style logistic regression, class-balanced, standardised input"))
+                  description="class-balanced logistic regression; logreg.variant: ours (standardised input) or "
+                              "focus (L2-normalised input, FOCUS)"))
 register(Protocol("centroid", "features", "retinabench.protocols.centroid", section="centroid", deterministic=True,
                   description="nearest class centroid (prototype) on cosine similarity"))
 # -- images --------------------------------------------------------------------------------------------------------

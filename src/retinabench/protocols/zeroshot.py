@@ -100,14 +100,25 @@ def embed_images(dual: DualEncoder, images: np.ndarray, *, rows: np.ndarray | No
     return emb
 
 
-def class_embeddings(dual: DualEncoder, prompts: ZeroShotPrompts) -> np.ndarray:
-    """[C, D] class embeddings of one prompt set (texts ensembled per class), in the task's class order."""
+def class_embeddings(dual: DualEncoder, prompts: ZeroShotPrompts, siglip_text_padding: str = "max_length"
+                     ) -> np.ndarray:
+    """[C, D] class embeddings of one prompt set (texts ensembled per class), in the task's class order.
+
+    ``siglip_text_padding`` (``zeroshot.siglip_text_padding``; a transformers SigLIP only): ``max_length`` (ours:
+    each class's texts, every text padded to the text tower's length, as SigLIP was trained) or ``focus`` (FOCUS's
+    ``HFSiglipModel.get_text_embeddings``: every class's texts tokenised in one call with padding=True, the shorter
+    ones padded to the longest, and the tokenizer's attention mask passed on)."""
     import torch
-    rows = []
+    if siglip_text_padding not in ("max_length", "focus"):
+        raise ValueError(f"zeroshot.siglip_text_padding must be max_length or focus, got {siglip_text_padding!r}")
     with torch.inference_mode():
-        for texts in prompts.texts:
-            rows.append(class_embedding(dual.encode_text(list(texts)).float().cpu().numpy()))
-    return np.stack(rows)
+        if siglip_text_padding == "focus" and dual.family == "siglip":
+            texts = [t for class_texts in prompts.texts for t in class_texts]
+            emb = dual.encode_text(texts, padding="focus").float().cpu().numpy()
+            ends = np.cumsum([len(t) for t in prompts.texts])
+            return np.stack([class_embedding(e) for e in np.split(emb, ends[:-1])])
+        return np.stack([class_embedding(dual.encode_text(list(texts)).float().cpu().numpy())
+                         for texts in prompts.texts])
 
 
 # --- predictions ----------------------------------------------------------------------------------------------
@@ -153,9 +164,10 @@ def zeroshot_predictions(image_ids: Sequence[str], image_emb: np.ndarray, split:
 
 def run_zeroshot(dual: DualEncoder, images: np.ndarray, image_ids: Sequence[str], split: pd.DataFrame, task: dict,
                  prompts: PromptRegistry, *, prompt_sets: Iterable[str] | None = None,
-                 regimes: Sequence[str] = ("u-u",), batch_size: int = 64, device: str = "auto") -> pd.DataFrame:
+                 regimes: Sequence[str] = ("u-u",), batch_size: int = 64, device: str = "auto",
+                 siglip_text_padding: str = "max_length") -> pd.DataFrame:
     """Zero-shot predictions of one (dual encoder, task): every prompt set of the task (or ``prompt_sets``),
-    both scorings. ``images``: uint8 NHWC aligned with ``image_ids`` (e.g. the memory-mapped image cache); only
+    both scorings (SigLIP prompts padded by ``siglip_text_padding``, :func:`class_embeddings`). ``images``: uint8 NHWC aligned with ``image_ids`` (e.g. the memory-mapped image cache); only
     the images of the needed validation / test rows are embedded, once."""
     sets = list(prompt_sets) if prompt_sets is not None else prompts.sets_for("zeroshot", task)
     if not sets:
@@ -168,7 +180,7 @@ def run_zeroshot(dual: DualEncoder, images: np.ndarray, image_ids: Sequence[str]
                        f"images given, e.g. {lacking[:3]}")
     order = np.sort(np.fromiter((index[i] for i in needed), dtype=np.int64, count=len(needed)))
     emb = embed_images(dual, images, rows=order, batch_size=batch_size, device=device)
-    cls = {s: class_embeddings(dual, prompts.zeroshot(s, task)) for s in sets}
+    cls = {s: class_embeddings(dual, prompts.zeroshot(s, task), siglip_text_padding) for s in sets}
     return zeroshot_predictions([image_ids[k] for k in order], emb, split, task, dual.name, cls,
                                 logit_scale=dual.logit_scale, logit_bias=dual.logit_bias,
                                 default_set=prompts.default("zeroshot"), regimes=regimes)
@@ -212,12 +224,14 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     s = ZeroShotSettings.of(settings, "zeroshot")
     dual = load_dual_encoder(entry, weights=weights)
     log(f"zeroshot {entry['name']}: {dual.family} head, logit_scale {dual.logit_scale:.4g}"
-        + ("" if dual.logit_bias is None else f", logit_bias {dual.logit_bias:.4g}")
+        + ("" if dual.logit_bias is None else f", logit_bias {dual.logit_bias:.4g}, text padding "
+                                              f"{s.siglip_text_padding}")
         + f"; {len(inputs)} task(s)")
     frames = []
     for ti in inputs:
         preds = run_zeroshot(dual, ti.images, ti.image_ids, ti.split, ti.task, prompts, prompt_sets=s.prompt_sets,
-                             regimes=s.regimes, batch_size=s.batch_size, device=s.device)
+                             regimes=s.regimes, batch_size=s.batch_size, device=s.device,
+                             siglip_text_padding=s.siglip_text_padding)
         log(f"zeroshot {entry['name']}/{ti.task['name']}: {preds['protocol'].nunique()} protocol(s) "
             f"{sorted(preds['protocol'].unique())}, {len(preds)} rows")
         frames.append(preds)

@@ -55,8 +55,9 @@ def paired_comparisons(preds: pd.DataFrame, manifest: pd.DataFrame, tasks: dict[
     rows are drawn with replacement (the same draws for both models); CI = percentile interval of the delta
     replicates; two-sided bootstrap p-value; Benjamini–Hochberg within each metric family. Domain level, for each
     field of ``paired.domain`` (a task registry field such as ``modality``, or ``shift``: in-domain vs
-    out-of-domain) and ``all``: mean of the comparison deltas, two-stage bootstrap (comparisons resampled, each with
-    its own replicate), BH within each (metric family, domain field).
+    out-of-domain) and ``all``: mean of the comparison deltas, bootstrap by ``bootstrap.summary`` (two_stage:
+    comparisons resampled, each with its own replicate; one_stage: the point deltas resampled, FOCUS), BH within
+    each (metric family, domain field).
     """
     from retinabench.stats.bootstrap import bootstrap_p_value, cluster_weights, make_rng, percentile_ci
     p, boot = settings.paired, settings.bootstrap
@@ -198,17 +199,23 @@ def summarise_comparisons(done: pd.DataFrame, reps_of: dict, group_cols: list[st
                           rng_key: tuple = ("domain",), labels: pd.Series | None = None,
                           label_name: str = "comparisons") -> pd.DataFrame:
     """Summary rows over comparison rows (``done``, indexed like ``reps_of``): per group, the mean of the
-    comparison deltas with a two-stage bootstrap CI (comparisons resampled, each with its own replicate) and
-    p-value, and the comparisons behind it (their count, and their ``labels`` joined, default the task)."""
+    comparison deltas with a bootstrap CI and p-value, and the comparisons behind it (their count, and their
+    ``labels`` joined, default the task). ``boot["summary"]`` (``reliability.bootstrap.summary``): ``two_stage``
+    (the default: comparisons resampled, each with its own image-level replicate) or ``one_stage`` (FOCUS: the
+    comparisons' point deltas resampled, :func:`~retinabench.stats.bootstrap.one_stage_mean_replicates`)."""
     from retinabench.stats.bootstrap import (bootstrap_p_value, hierarchical_mean_replicates, make_rng,
-                                             percentile_ci)
+                                             one_stage_mean_replicates, percentile_ci)
     n_boot, level = int(boot["n_boot"]), float(boot["level"])
+    summary = boot.get("summary", "two_stage")
+    if summary not in ("two_stage", "one_stage"):
+        raise ValueError(f"bootstrap summary must be two_stage or one_stage, got {summary!r}")
     labels = done["task"].astype(str) if labels is None else labels
     rows = []
     for key, grp in done.groupby(group_cols, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        r = hierarchical_mean_replicates([reps_of[i] for i in grp.index],
-                                         make_rng(boot["seed"], *rng_key, *key), n_boot)
+        rng = make_rng(boot["seed"], *rng_key, *key)
+        r = (one_stage_mean_replicates(grp["delta"].to_numpy(dtype=np.float64), rng, n_boot)
+             if summary == "one_stage" else hierarchical_mean_replicates([reps_of[i] for i in grp.index], rng, n_boot))
         lo, hi, n_valid = percentile_ci(r, level)
         rows.append({**dict(zip(group_cols, key)), "delta": float(grp["delta"].mean()), "ci_low": lo,
                      "ci_high": hi, "p_value": bootstrap_p_value(r), "n_comparisons": int(len(grp)),

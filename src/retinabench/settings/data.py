@@ -91,6 +91,10 @@ class FeaturesSettings(Section):
     batch_size: PositiveInt | Auto = Field(
         "auto", description="images per forward pass; auto: by the encoder's size class (retinabench.registry.sizes)")
     device: Device = Field("auto", description="auto: CUDA if present")
+    probe_embedding: Literal["pre_projection", "projected_l2"] = Field(
+        "pre_projection", description="what the probes see of an encoder: pre_projection (the entry's pooling: for a "
+                                      "dual encoder the embedding before its projection) or projected_l2 (FOCUS: a "
+                                      "dual encoder's image embedding in the joint space, every encoder's L2-normalised)")
 
 
 class PhantomSettings(Section):

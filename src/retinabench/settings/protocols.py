@@ -37,12 +37,29 @@ class LinearSettings(Section):
                                                    "decay")
 
 
+# Logistic-probe variants (retinabench.protocols.logreg), ours first (the default), and each one's solver
+# iterations: the one place max_iter is stated (`logreg.max_iter: auto` reads it).
+LOGREG_VARIANTS = ("ours", "focus")
+LOGREG_MAX_ITER = {"ours": 2000, "focus": 1000}
+
+
 class LogregSettings(Section):
-    """FOCUS-style logistic regression, class-balanced, standardised input (retinabench.protocols.logreg)."""
+    """Logistic regression, class-balanced (retinabench.protocols.logreg): ours standardises the features, FOCUS's
+    L2-normalises them."""
 
     section: ClassVar[str] = "logreg"
+    variant: Literal["ours", "focus"] = Field(
+        "ours", description="ours: standardised features (StandardScaler); focus: L2-normalised features, no scaler "
+                            "(FOCUS's LogisticRegression(max_iter=1000, class_weight='balanced'))")
     C: PositiveFloat = Field(1.0, description="inverse regularisation strength (scikit-learn)")
-    max_iter: PositiveInt = Field(2000, description="solver iterations")
+    max_iter: PositiveInt | Auto = Field("auto", description="solver iterations; auto: the variant's (ours "
+                                                             f"{LOGREG_MAX_ITER['ours']}, focus "
+                                                             f"{LOGREG_MAX_ITER['focus']})")
+
+    @property
+    def iterations(self) -> int:
+        """max_iter resolved: the configured number, or the variant's."""
+        return LOGREG_MAX_ITER[self.variant] if self.max_iter == "auto" else int(self.max_iter)
 
 
 class CentroidSettings(Section):
@@ -54,14 +71,23 @@ class CentroidSettings(Section):
 
 
 # -- the prompt-based interfaces: one GPU job per (registry entry, task set) ------------------------------------
-class ZeroShotSettings(Section):
-    """What a zero-shot job reads (retinabench.protocols.zeroshot.run)."""
+class _PromptJob(Section):
+    """What every prompt-based job reads."""
 
     prompt_sets: Annotated[list[str], Field(min_length=1)] | None = Field(
         None, description="prompt sets of the prompt registry to run; null: every set that covers a task")
     regimes: Regimes = Field(["u-u"], description="which rows are predicted (zero-shot trains nothing)")
     batch_size: PositiveInt = Field(64, description="images per forward pass")
     device: Device = Field("auto", description="auto: CUDA if present")
+
+
+class ZeroShotSettings(_PromptJob):
+    """What a zero-shot job reads (retinabench.protocols.zeroshot.run)."""
+
+    siglip_text_padding: Literal["max_length", "focus"] = Field(
+        "max_length", description="transformers SigLIP prompts: max_length (each text padded to the text tower's "
+                                  "length, as SigLIP was trained) or focus (FOCUS: padding=True, a task's class "
+                                  "prompts tokenised together, padded to the longest)")
 
 
 class _Planned(Section):
@@ -84,18 +110,23 @@ class ZeroShotSection(ZeroShotSettings, _Planned):
         return ZeroShotSettings.model_validate(self.model_dump(include=set(ZeroShotSettings.model_fields)))
 
 
-class MLLMSettings(ZeroShotSettings):
+class MLLMSettings(_PromptJob):
     """What an MLLM yes/no job reads (retinabench.protocols.mllm.run)."""
 
     batch_size: PositiveInt = Field(8, description="images per generation batch")
-    max_new_tokens: PositiveInt = Field(8, description="greedy decoding; the answer must start within it")
+    max_new_tokens: PositiveInt = Field(8, description="greedy decoding; the answer must start within it (FOCUS: "
+                                                      "128)")
+    invalid_answers: Literal["keep_as_wrong", "drop"] = Field(
+        "keep_as_wrong", description="an answer that is neither yes nor no: keep_as_wrong (kept, y_pred -1, wrong in "
+                                     "every hard-decision metric) or drop (FOCUS: left out of the predictions, counted "
+                                     "in n_answers / n_dropped); invalid_rate is reported either way")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU")
 
 
 class MLLMSection(MLLMSettings, _Planned):
     """MLLM yes/no prompting: protocols mllm (raw p_yes, FOCUS) and mllm_renorm (p_yes / (p_yes + p_no)); one
-    parsed answer, invalid answers kept."""
+    parsed answer, invalid answers kept as wrong or dropped (invalid_answers)."""
 
     section: ClassVar[str] = "mllm"
 

@@ -19,6 +19,9 @@ class BootstrapSettings(Section):
     unit: BootstrapUnit = Field("patient", description="resampling unit: patient (a patient's images are drawn "
                                                        "together, so correlated eyes and repeat images do not "
                                                        "shrink the intervals) or image (FOCUS's, to reproduce it)")
+    summary: Literal["two_stage", "one_stage"] = Field(
+        "two_stage", description="domain-level CIs: two_stage (comparisons resampled, each with its own image-level "
+                                 "replicate) or one_stage (the comparisons' point deltas resampled: FOCUS)")
 
 
 class AttributeSettings(Section):

@@ -1,5 +1,5 @@
 """Patient-clustered bootstrap tests: p-values, Benjamini–Hochberg, the two-stage (hierarchical) bootstrap of a
-mean over comparisons. The resampling weights, the weighted metric kernels and percentile CIs are in
+mean over comparisons and FOCUS's one-stage one. The resampling weights, the weighted metric kernels and percentile CIs are in
 retinabench.metrics.weighted (re-exported here).
 """
 from __future__ import annotations
@@ -50,3 +50,15 @@ def hierarchical_mean_replicates(replicates: list[np.ndarray], rng: np.random.Ge
     cols = np.arange(n_boot) % b
     with _quiet():
         return np.nanmean(R[picks, cols[:, None]], axis=1)
+
+
+def one_stage_mean_replicates(deltas, rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    """Replicates of the mean over comparisons, resampling the comparisons' point deltas only (one stage; FOCUS's
+    ``summarize_deltas`` in scripts/analyze_ft_significance.py): the non-finite deltas dropped, then replicate b is
+    the mean of ``rng.choice(deltas, size=k, replace=True)``, one call per replicate, as FOCUS draws them. Ignores
+    each comparison's image-level uncertainty, so its intervals are narrower than the two-stage ones."""
+    d = np.asarray(deltas, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        raise ValueError("one-stage bootstrap: no finite comparison delta")
+    return np.asarray([rng.choice(d, size=d.size, replace=True).mean() for _ in range(int(n_boot))])
