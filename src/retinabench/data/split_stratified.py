@@ -29,7 +29,7 @@ import pandas as pd
 from retinabench.data.split_groups import task_rows
 from retinabench.hashing import unit_hash
 
-MIN_STRATUM = 10
+MIN_STRATUM = 5
 NONE = "-"
 
 
