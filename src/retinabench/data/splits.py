@@ -34,7 +34,6 @@ u-u / u-b / b-b / b-u (first letter: training data, second: test data).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
