@@ -1,6 +1,8 @@
 # Data stage: raw layout -> manifest + exclusions + decode pass -> duplicate clusters -> one split per dataset ->
 # per-task views of it; image cache; duplicates across datasets (retinabench.pipeline.data, retinabench.data).
 
+from retinabench.data.split_file import split_inputs, split_source
+
 
 rule phantom:
     output:
@@ -63,6 +65,8 @@ rule split:
     input:
         manifest=P.path("manifest"),
         duplicates=P.path("duplicates"),
+        # split.method file: the dataset's split file (or folder); its content hash is in params
+        split_file=lambda wc: split_inputs(config["split"], wc.dataset),
     output:
         split=P.path("assignment"),
     log:
@@ -72,6 +76,7 @@ rule split:
     params:
         code=P.code("split"),
         split=config["split"],
+        split_source=lambda wc: split_source(config["split"], wc.dataset),
         # every registry task of the dataset (not only the selected ones): one assignment whatever a config selects
         tasks=lambda wc: P.dataset_tasks(wc.dataset),
     script:

@@ -25,7 +25,7 @@ def sizing_problems(manifest: pd.DataFrame, dataset: str, dataset_tasks: list[di
     try:
         assignment, _ = assign_splits(manifest, dataset_tasks, fractions=split["fractions"], seed=split["seed"],
                                       duplicates=duplicates, near=split["group_near_duplicates"],
-                                      method=split["method"], dataset=dataset)
+                                      method=split["method"], dataset=dataset, file=split.get("file"))
     except SplitError as err:
         return [f"dataset {dataset!r}: {err}"]
     problems = []

@@ -1,25 +1,23 @@
-"""One patient-disjoint, duplicate-aware, stable train/val/test assignment per dataset; per-task views of it.
+"""One patient-disjoint, duplicate-aware train/val/test assignment per dataset; per-task views of it.
 
-**Groups.** Images are grouped by the connected components of "same patient id" ∪ "same sha256" ∪ "same
-duplicate cluster" (retinabench.data.duplicates; near duplicates join unless ``near=False``). A group is placed
-whole, so no patient and no exact (or near) duplicate can be in two splits. An image without a patient id is its
-own group (merged with its duplicates), which the report notes. A group's id is the smallest of its members'
-keys (``p:<patient id>``, or ``i:<image id>`` without one), so it does not depend on any other group.
+**Groups** (retinabench.data.split_groups): connected components of patient id ∪ sha256 ∪ duplicate cluster,
+each placed whole. Four methods (``split.method``) place them:
 
-**Stable placement.** Each group is placed by a seeded hash of its id alone: ``u = sha256(salt:seed:group id)``
+**hash** (config/config.yaml): each group by a seeded hash of its id alone, ``u = sha256(salt:seed:group id)``
 as a number in [0, 1), train if ``u < 0.70``, val if ``u < 0.85``, test otherwise (the configured fractions).
 Removing a patient moves no image of any other patient; adding patients moves none of the existing ones (only
 groups that new duplicate links merge can move, together). Because every group is placed independently, the
 realised fractions are binomial, not exact: the image fraction of split s has standard deviation
 ``sd = sqrt(p_s (1 - p_s) Σ n_g²) / Σ n_g`` (n_g: images of group g), and :func:`assign_splits` fails when a split
 is more than :data:`TOLERANCE_SD` = 4 sd from its target (probability < 1e-4 per split). On tvhl (2,661 images in
-1,755 groups) sd is 1.4 points for train and 1.1 for val and test, so the tolerance is ±5.8 / ±4.5 points
-(realised: 71.9 / 13.7 / 14.4 %); on a 60-patient dataset it is ±26 / ±20 points. Stratification by label, or
-exact fractions, need placements that depend on other groups (ranks), which is exactly what moves other
-patients when the data change; ``method: ranked`` is that trade: groups in hash order, cut where the cumulative
-image count crosses 70 % and 85 %, so image fractions are exact to within one group, and a removed or added group
-moves at most the groups it shifts across a cut (typically one per cut). Classes are not stratified by either
-method; instead every task's classes are required in every split:
+1,755 groups) the tolerance is ±5.8 / ±4.5 points (realised: 71.9 / 13.7 / 14.4 %).
+**ranked**: groups in hash order, cut where the cumulative image count crosses 70 % and 85 %, so image fractions
+are exact to within one group, and a removed or added group moves the groups it shifts across a cut.
+**stratified_grouped** (config/ocularbench.yaml; retinabench.data.split_stratified): the same cut within each
+label stratum of groups, with a seeded random start per stratum, so label proportions match across splits; an
+edit moves a few groups next to the cuts of one stratum. **file** (retinabench.data.split_file): a study's
+published split files, checked for leakage. Every computed method then requires every task's classes in every
+split:
 
 **Class presence.** For every task of the dataset (all registry tasks, so the assignment does not depend on which
 tasks a config selects) and every class with at least three groups, a split without any group of that class gets
@@ -36,12 +34,15 @@ u-u / u-b / b-b / b-u (first letter: training data, second: test data).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from retinabench.data.reports import exclusion_lines
+from retinabench.data.split_groups import (SplitError, check_assignment, check_fractions, split_groups,  # noqa: F401
+                                           task_rows)
+from retinabench.data.split_file import LEAK_ALLOWED
+from retinabench.data.split_stratified import label_deviation, label_profiles, strata, stratified_positions
 from retinabench.hashing import unit_hash
 from retinabench.schemas import DATASET_SPLIT, SPLIT, SPLITS
 from retinabench.settings.data import SplitSettings
@@ -52,11 +53,7 @@ TOLERANCE_SD = 4.0
 _SPLIT = SplitSettings()
 DEFAULT_FRACTIONS = _SPLIT.fractions.plain()
 PRESENCE = "class presence"
-METHODS = ("hash", "ranked")
-
-
-class SplitError(ValueError):
-    pass
+METHODS = ("hash", "ranked", "stratified_grouped", "file")
 
 
 def require_images(manifest: pd.DataFrame, task: dict, exclusions: pd.DataFrame | None = None) -> None:
@@ -72,99 +69,6 @@ def require_images(manifest: pd.DataFrame, task: dict, exclusions: pd.DataFrame 
                      f"after exclusions (manifest images by modality: {present}); {why}\nFix: the manifest job's log "
                      f"shows the same counts; restore the excluded images (or the rows naming them), or drop the "
                      f"task from the config")
-
-
-def task_rows(manifest: pd.DataFrame, task: dict) -> tuple[pd.DataFrame, int]:
-    """Rows of ``manifest`` that belong to ``task`` (its modality, a known label) and the count without label.
-
-    A task with ``derive`` (retinabench.data.derived) gets its label column mapped to its classes in the rows
-    returned; the manifest itself is not changed."""
-    label = task["label"]
-    if label not in manifest.columns:
-        raise SplitError(f"task {task['name']!r}: manifest of {task['dataset']!r} has no label column {label!r}")
-    rows = manifest[manifest["modality"] == task["modality"]]
-    unlabelled = int(rows[label].isna().sum())
-    rows = rows[rows[label].notna()]
-    if task.get("derive"):  # derived task (e.g. any DR from dr3): the label column holds the task's classes
-        from retinabench.data.derived import apply_derive
-        rows = apply_derive(rows, task)
-    unknown = rows.loc[~rows[label].isin(task["classes"]), ["image_id", label]]
-    if len(unknown):
-        first = unknown.iloc[0]
-        raise SplitError(f"task {task['name']!r}: image {first['image_id']} has label {first[label]!r} not in "
-                         f"classes {task['classes']} ({len(unknown)} such rows)")
-    return rows, unlabelled
-
-
-def check_fractions(fractions: dict[str, float]) -> dict[str, float]:
-    missing = [s for s in SPLITS if s not in fractions]
-    if missing:
-        raise SplitError(f"split fractions {fractions} lack {missing}")
-    if any(not 0 < fractions[s] < 1 for s in SPLITS):
-        raise SplitError(f"split fractions must each be in (0, 1), got {fractions}")
-    total = sum(fractions[s] for s in SPLITS)
-    if abs(total - 1.0) > 1e-6:
-        raise SplitError(f"split fractions must sum to 1, got {fractions} (sum {total:g})")
-    return {s: float(fractions[s]) for s in SPLITS}
-
-
-def _components(n: int, links: list[np.ndarray]) -> np.ndarray:
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-    i = np.concatenate([np.arange(n)] + [np.arange(n)] * len(links))
-    j = np.concatenate([np.arange(n)] + links)
-    graph = coo_matrix((np.ones(len(i), dtype=np.int8), (i, j)), shape=(n, n))
-    return connected_components(graph, directed=False)[1]
-
-
-def _first_of(codes: np.ndarray) -> np.ndarray:
-    """For each row, the first row with the same code (itself where the code is -1: no link)."""
-    s = pd.Series(np.arange(len(codes)))
-    first = s.groupby(codes).transform("min").to_numpy()
-    return np.where(codes < 0, np.arange(len(codes)), first)
-
-
-def split_groups(manifest: pd.DataFrame, duplicates: pd.DataFrame | None = None, *, near: bool = True
-                 ) -> tuple[pd.DataFrame, dict]:
-    """``image_id, patient_id, group_id`` per manifest image (sorted by image id) and merge counts."""
-    m = manifest.reindex(columns=["image_id", "patient_id", "sha256"])  # sha256 may be absent (tables built by hand)
-    m = m.sort_values("image_id", kind="stable").reset_index(drop=True)
-    if m["image_id"].duplicated().any():
-        first = m.loc[m["image_id"].duplicated(), "image_id"].iloc[0]
-        raise SplitError(f"manifest has duplicate image ids, e.g. {first}")
-    pid = m["patient_id"].astype("string")
-    pid = pid.where(pid.str.strip().fillna("") != "", pd.NA)
-    key = ("p:" + pid).fillna("i:" + m["image_id"])
-    patient_link = _first_of(pd.factorize(pid, use_na_sentinel=True)[0])
-    sha_link = _first_of(pd.factorize(m["sha256"].astype("string"), use_na_sentinel=True)[0])
-    links = [patient_link, sha_link]
-    n_near_links = 0
-    if duplicates is not None and len(duplicates):
-        d = duplicates if near else duplicates[duplicates["kind"] == "exact"]
-        cluster = m["image_id"].map(dict(zip(d["image_id"], d["cluster_id"])))
-        links.append(_first_of(pd.factorize(cluster, use_na_sentinel=True)[0]))
-        n_near_links = int((d["kind"] == "near").sum())
-    comp_pe = _components(len(m), links[:2])
-    comp = _components(len(m), links)
-    group = key.groupby(comp).transform("min")
-    out = pd.DataFrame({"image_id": m["image_id"], "patient_id": pid, "group_id": group.astype(str)})
-
-    def spanning(c):
-        per = key[pid.notna()].groupby(c[pid.notna().to_numpy()]).nunique()
-        return per[per > 1]
-
-    merged, merged_exact = spanning(comp), spanning(comp_pe)
-    report: dict[str, Any]  # counts, and a note where images have no patient id
-    report = {"n_images": int(len(m)), "n_patients": int(pid.nunique()), "n_groups": int(out["group_id"].nunique()),
-              "groups_merging_patients": int(len(merged)), "patients_in_merged_groups": int(merged.sum()),
-              "groups_merging_patients_by_exact_duplicates": int(len(merged_exact)),
-              "near_duplicate_images_grouped": n_near_links if near else 0,
-              "images_without_patient_id": int(pid.isna().sum()),
-              "largest_group_images": int(out["group_id"].value_counts().max()) if len(out) else 0}
-    if report["images_without_patient_id"]:
-        report["note"] = (f"{report['images_without_patient_id']} images have no patient id: each is its own group "
-                          f"(merged with its duplicates), so images of one unrecorded patient may be in two splits")
-    return out, report
 
 
 def _requirements(manifest: pd.DataFrame, groups: pd.DataFrame, tasks: list[dict]) -> dict[tuple[str, str], list]:
@@ -234,9 +138,10 @@ def fraction_tolerance(group_sizes: np.ndarray, fractions: dict[str, float]) -> 
 def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[str, float] | None = None,
                   seed: int = _SPLIT.seed, duplicates: pd.DataFrame | None = None,
                   near: bool = _SPLIT.group_near_duplicates, method: str = _SPLIT.method,
-                  dataset: str | None = None) -> tuple[pd.DataFrame, dict]:
+                  dataset: str | None = None, file: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """The dataset's split assignment (schema ``dataset_split``) and its report (groups, merges, fractions,
-    tolerance, class-presence moves). See the module doc."""
+    tolerance, class-presence moves, label deviation per task). See the module doc; ``file``: the ``split.file``
+    section, read by ``method: file`` (retinabench.data.split_file)."""
     fractions = check_fractions(fractions or DEFAULT_FRACTIONS)
     dataset = dataset or (str(manifest["dataset"].iloc[0]) if len(manifest) else "?")
     if not len(manifest):
@@ -248,9 +153,20 @@ def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[
                          f"clusters), fewer than the {len(SPLITS)} splits")
     if method not in METHODS:
         raise SplitError(f"split method must be one of {METHODS}, got {method!r}")
+    if method == "file":
+        from retinabench.data.split_file import assign_from_file
+        out, report = assign_from_file(manifest, groups, report, file or {}, dataset=dataset, tasks=tasks,
+                                       fractions=fractions, seed=seed)
+        report["label_deviation"] = label_deviation(manifest, out[out["split"].isin(SPLITS)], tasks)
+        return out[DATASET_SPLIT.names].reset_index(drop=True), report
     gids = sorted(groups["group_id"].unique())
     u = {g: unit_hash(SALT, seed, g) for g in gids}
-    if method == "ranked":  # position = midpoint of the group's share of the images, in hash order
+    n_strata = None
+    if method == "stratified_grouped":
+        stratum_of = strata(label_profiles(manifest, groups, tasks))
+        n_strata = len(set(stratum_of.values()))
+        pos = stratified_positions(groups["group_id"].value_counts(), stratum_of, u, seed, SALT)
+    elif method == "ranked":  # position = midpoint of the group's share of the images, in hash order
         size = groups["group_id"].value_counts()
         order = sorted(gids, key=lambda g: (u[g], g))
         cum = np.cumsum([size[g] for g in order]) / len(groups)
@@ -265,7 +181,8 @@ def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[
     moves, infeasible = _ensure_presence(split_of, u, _requirements(manifest, groups, tasks), bounds)
     moved = {m["group_id"] for m in moves}
     out = groups.assign(dataset=dataset, split=groups["group_id"].map(split_of),
-                        placed_by=np.where(groups["group_id"].isin(moved), PRESENCE, "hash"))
+                        placed_by=np.where(groups["group_id"].isin(moved), PRESENCE,
+                                           "stratified" if method == "stratified_grouped" else "hash"))
     out["patient_id"] = out["patient_id"].astype(object).where(out["patient_id"].notna(), None)
     sizes = out["group_id"].value_counts().to_numpy()
     tol = fraction_tolerance(sizes, fractions)
@@ -274,7 +191,10 @@ def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[
                "realised_fractions": {s: round(float(realised[s]), 4) for s in SPLITS},
                "group_fractions": {s: round(sum(v == s for v in split_of.values()) / len(gids), 4) for s in SPLITS},
                "tolerance": {s: round(t, 4) for s, t in tol.items()},
-               "class_presence_moves": moves, "classes_too_rare": infeasible}
+               "class_presence_moves": moves, "classes_too_rare": infeasible,
+               "label_deviation": label_deviation(manifest, out, tasks)}
+    if n_strata is not None:
+        report["strata"] = n_strata
     if method == "ranked":  # exact up to the groups straddling the cuts
         tol = {s: float(max(sizes)) * 2 / len(out) for s in SPLITS}
     moved_share = float(out["placed_by"].eq(PRESENCE).mean())  # class-presence moves widen it by what they moved
@@ -288,19 +208,6 @@ def assign_splits(manifest: pd.DataFrame, tasks: list[dict], *, fractions: dict[
                          f"{report['largest_group_images']} images. Check the duplicate clusters and patient ids")
     check_assignment(out, manifest)
     return out[DATASET_SPLIT.names].reset_index(drop=True), report
-
-
-def check_assignment(assignment: pd.DataFrame, manifest: pd.DataFrame) -> None:
-    """Fail loudly on a patient, a group or an exact duplicate (sha256) in two splits."""
-    a = assignment.merge(manifest.reindex(columns=["image_id", "sha256"]), on="image_id", how="left")
-    for col, what in (("patient_id", "patient"), ("group_id", "group"), ("sha256", "identical image (sha256)")):
-        per = a.dropna(subset=[col]).groupby(col)["split"].nunique()
-        bad = per[per > 1]
-        if len(bad):
-            key = bad.index[0]
-            rows = a[a[col] == key]
-            raise SplitError(f"{what} {key} is in splits {sorted(rows['split'].unique())} (images "
-                             f"{sorted(rows['image_id'])[:5]}; {len(bad)} such)")
 
 
 def _balanced_mask(df: pd.DataFrame, seed: int) -> np.ndarray:
@@ -330,6 +237,7 @@ def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, 
     if len(missing):
         raise SplitError(f"task {task['name']!r}: {len(missing)} images have no split assignment, e.g. "
                          f"{missing.iloc[0]} (is the split older than the manifest?)")
+    rows = rows[a.loc[rows["image_id"], "split"].isin(SPLITS).to_numpy()].reset_index(drop=True)  # file: excluded
     classes = list(task["classes"])
     y = rows[task["label"]].map({c: i for i, c in enumerate(classes)}).to_numpy()
     group = a.loc[rows["image_id"], "group_id"].to_numpy()
@@ -338,7 +246,9 @@ def task_split(manifest: pd.DataFrame, assignment: pd.DataFrame, task: dict, *, 
                         "dataset": task["dataset"], "task": task["name"], "label": rows[task["label"]].astype(str),
                         "y": y.astype("int64"), "split": a.loc[rows["image_id"], "split"].to_numpy()})
     out["balanced"] = _balanced_mask(out, seed)
-    check_split(out, task, groups=group, sha256=rows["sha256"].to_numpy() if "sha256" in rows else None)
+    allowed = a.loc[rows["image_id"], "placed_by"].eq(LEAK_ALLOWED).to_numpy()  # split.file's recorded leaks
+    check_split(out, task, groups=group, sha256=rows["sha256"].to_numpy() if "sha256" in rows else None,
+                allowed=allowed)
     return out[SPLIT.names]
 
 
@@ -351,15 +261,17 @@ def make_split(manifest: pd.DataFrame, task: dict, *, fractions: dict[str, float
     return task_split(manifest, assignment, task, seed=seed)
 
 
-def check_split(df: pd.DataFrame, task: dict, *, groups=None, sha256=None) -> None:
+def check_split(df: pd.DataFrame, task: dict, *, groups=None, sha256=None, allowed=None) -> None:
     """Fail loudly on a patient, group or identical image in two splits, a missing class, or an unbalanced
-    'balanced' variant."""
+    'balanced' variant. ``allowed``: a mask of rows exempt from the leakage checks (a split file's leaks that the
+    config allows with their count, retinabench.data.split_file)."""
     where = f"split of task {task['name']!r}"
+    keep = ~np.asarray(allowed, dtype=bool) if allowed is not None else np.ones(len(df), dtype=bool)
     for values, what in ((df["patient_id"].to_numpy(), "patient"), (groups, "group"),
                          (sha256, "identical image (sha256)")):
         if values is None:
             continue
-        per = pd.Series(df["split"].to_numpy()).groupby(np.asarray(values)).nunique()
+        per = pd.Series(df["split"].to_numpy()[keep]).groupby(np.asarray(values)[keep]).nunique()
         leaked = per[per > 1]
         if len(leaked):
             key = leaked.index[0]

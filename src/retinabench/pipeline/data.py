@@ -120,13 +120,18 @@ def stage_split(job: Job) -> None:
     dataset = job.wildcards.get("dataset") or str(manifest["dataset"].iloc[0])
     assignment, report = assign_splits(manifest, job.params["tasks"], fractions=p.fractions.plain(), seed=p.seed,
                                        duplicates=dups, near=p.group_near_duplicates, method=p.method,
-                                       dataset=dataset)
+                                       dataset=dataset, file=p.file.model_dump())
     write_artifact(assignment, job.output["split"], "dataset_split")
+    source = (f"; file {report['file']} ({report['format']}, matched on {report['match']}): "
+              f"{report['unknown_rows_excluded']} rows naming no manifest image and {report['unlisted_images_excluded']}"
+              f" unplaced manifest images excluded, {report['val_carved_from_train']} train images carved into val, "
+              f"{report['allowed_leaks']} allowed leaks") if p.method == "file" else ""
     announce(f"retinabench split {dataset} ({report['method']}, seed {p.seed}): {report['n_groups']} groups of "
               f"{report['n_patients']} patients; {report['groups_merging_patients']} groups merge "
               f"{report['patients_in_merged_groups']} patients through duplicates; realised "
               f"{report['realised_fractions']} (tolerance ± {report['tolerance']}); "
-              f"{len(report['class_presence_moves'])} groups moved for class presence"
+              f"{len(report['class_presence_moves'])} groups moved for class presence; largest label deviation "
+              f"per task {report['label_deviation']}" + source
               + (f"; {report['note']}" if report.get("note") else ""))
     write_outputs(job, written=[job.output["split"]], config={"split": job.params["split"],
                                                               "tasks": [t["name"] for t in job.params["tasks"]]},

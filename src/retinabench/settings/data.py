@@ -44,16 +44,49 @@ class SplitFractions(Section):
         return self
 
 
+class SplitFile(Section):
+    """Published split files, read by ``method: file`` (retinabench.data.split_file; docs/data-integrity.md)."""
+
+    format: Literal["csv", "focus_split_data", "imagefolder"] = Field(
+        "csv", description="csv: one row per image (image column, split column); focus_split_data: FOCUS's "
+                           "Split_Data/labels_splits_<dataset>.csv (image_id or file, split); imagefolder: "
+                           "<folder>/<train|val|test>/<class>/<image> (RETFound's benchmark splits)")
+    files: dict[str, str] = Field({}, description="{dataset: split file (csv, focus_split_data) or folder "
+                                                  "(imagefolder)}; every dataset of the run needs one")
+    image_column: str | None = Field(None, description="csv column naming the image; null: image_id (csv), "
+                                                       "image_id or file (focus_split_data)")
+    split_column: str = Field("split", description="csv column holding train / val / test")
+    match: Literal["auto", "image_id", "path", "name", "stem"] = Field(
+        "auto", description="what the file's image value is compared with: the manifest's image_id, its path, the "
+                            "path's file name or that name without its image extension; auto: image_id (csv), stem "
+                            "(focus_split_data), name (imagefolder)")
+    unlisted: Literal["error", "exclude"] = Field(
+        "error", description="manifest images the file does not place: an error, or excluded from every task "
+                             "(counted and printed)")
+    unknown: Literal["error", "exclude"] = Field(
+        "error", description="file rows naming no manifest image: an error, or skipped (counted and printed)")
+    allowed_leaks: Annotated[int, Field(ge=0)] = Field(
+        0, description="patient groups (patient ∪ duplicate cluster) the file puts in two splits that the run "
+                       "accepts: must equal the count found (0: any leak is an error naming the patient and rows)")
+    val_from_train: OpenFraction | None = Field(
+        None, description="a file without val rows (FOCUS: train / test): this fraction of its train images "
+                          "becomes val, patient groups placed as stratified_grouped does; null: val must be in the "
+                          "file")
+
+
 class SplitSettings(Section):
     """One split assignment per dataset, used by all its tasks (retinabench.data.splits)."""
 
     section: ClassVar[str] = "split"
     fractions: SplitFractions = SplitFractions()
     seed: int = Field(0, description="seed of the group placement")
-    method: Literal["hash", "ranked"] = Field(
+    method: Literal["hash", "ranked", "stratified_grouped", "file"] = Field(
         "hash", description="hash: each patient group placed by its own seeded hash (no other group moves when data "
                             "change; fractions within 4 sd of binomial); ranked: exact fractions, a change can move "
-                            "the groups next to a cut")
+                            "the groups next to a cut; stratified_grouped: label-stratified per patient group "
+                            "(OcularBench), an edit moves a few groups of one stratum; file: published split files "
+                            "(`file:`)")
+    file: SplitFile = SplitFile()
     group_near_duplicates: bool = Field(
         True, description="near duplicates join split groups like exact ones (exact ones always do)")
 
