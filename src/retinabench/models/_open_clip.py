@@ -47,7 +47,8 @@ def _open_clip_model(entry: dict, device: torch.device | None = None) -> nn.Modu
     kwargs = dict(entry.get("model_kwargs") or {})
     if resized(entry):
         kwargs["force_image_size"] = entry["input_size"]
-    return open_clip.create_model(entry["architecture"], pretrained=None, device=device or "cpu", **kwargs)
+    with hub_errors(entry):  # an hf-hub: architecture's config comes from the hub
+        return open_clip.create_model(entry["architecture"], pretrained=None, device=device or "cpu", **kwargs)
 
 
 def resample_pos_embed(target: nn.Module, sd: dict, entry: dict, report: KeyReport) -> None:
@@ -98,7 +99,10 @@ def load_open_clip_model(entry: dict, weights: str | Path | None = None):
     model = _open_clip_model(entry)
     full = {k: v for k, v in entry.items() if k not in ("keep_prefix", "drop_keys")}
     report = load_checkpoint_into(model, full, files, adapt=resample_pos_embed)
-    with hub_errors(entry):  # a tokenizer of the hub (SigLIP's) is downloaded by open_clip itself
+    # a hub tokenizer (SigLIP's, the config's hf_tokenizer_name) is downloaded by open_clip itself
+    with hub_errors(entry):  # an hf-hub: architecture's config comes from the hub
+        text_cfg = (open_clip.get_model_config(entry["architecture"]) or {}).get("text_cfg") or {}
+    with hub_errors({**entry, "hub_id": text_cfg.get("hf_tokenizer_name") or entry.get("hub_id")}):
         tokenizer = open_clip.get_tokenizer(entry["architecture"])
     return model.eval(), tokenizer, prov | report.record()
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from retinabench.models._checkpoints import checkpoint_loader
 from retinabench.models._registry import SourceLoader, register_source
+from retinabench.models.hub import hub_errors
 from retinabench.models.strict import KeyReport, WeightsError
 from retinabench.registry.input_size import native_input_size, resized
 
@@ -64,7 +65,8 @@ def _timm_module(entry: dict) -> nn.Module:
             raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm ViT")
     elif pooling != "avg":
         raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm CNN (use avg)")
-    model = timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
+    with hub_errors(entry):  # an hf-hub: architecture's config comes from the hub
+        model = timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
     if is_vit and not isinstance(model, VisionTransformer):
         raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} is not a timm VisionTransformer")
     return _TimmConcatPool(model) if pooling == "cls_patch_mean" else model

@@ -10,9 +10,10 @@ message naming the encoder (registry name and hub id) and what to do, instead of
 
 The calls: :func:`retinabench.models._checkpoints.hub_files` (every pretrained hub load: timm, open_clip and
 transformers entries, dual encoders, MLLMs), :func:`retinabench.models.lock.lock_entry` (``model_info`` and the
-downloads it hashes) and open_clip's hub tokenizers (:func:`retinabench.models._open_clip.load_open_clip_model`).
-Everything else loads from the verified local files (``from_pretrained(..., local_files_only=True)``, timm and
-open_clip built with ``pretrained=False``), so no other call reaches the hub.
+downloads it hashes), open_clip's hub tokenizers (:func:`retinabench.models._open_clip.load_open_clip_model`) and
+the architectures' ``create_model`` of timm and open_clip (an ``hf-hub:`` architecture name reads its config from
+the hub). Everything else loads from the verified local files (``from_pretrained(..., local_files_only=True)``,
+timm and open_clip built with ``pretrained=False``), so no other call reaches the hub.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ TOKEN_HINT = "set HF_TOKEN to a token of that account, or run `hf auth login` (`
 LOCK_FILE = "the lock file beside its encoder registry (config/encoders.lock.yaml for config/encoders.yaml)"
 
 
-def licence_page(hub_id: str) -> str:
+def licence_page(hub_id: str | None) -> str:
     return f"https://huggingface.co/{hub_id}"
 
 
