@@ -209,3 +209,42 @@ def test_registry_outside_a_run_and_entries_without_a_side_are_left_as_declared(
     assert apply_input_size({"m": mllm, "v": vit}, 224) == {"m": mllm, "v": {**vit, "input_size": 224,
                                                                                "native_input_size": 384}}
     assert at_input_size(at_input_size(vit, 224), 384) == vit  # back at its own side: the entry as declared
+
+
+def _ocularbench_resized() -> dict[str, dict]:
+    """The OcularBench encoders whose registry side is not 224, as a 224 run builds them."""
+    from retinabench.registry import load_registry
+    config = yaml.safe_load((REPO / "config/ocularbench.yaml").read_text())
+    entries = load_registry(REPO / "config/encoders.yaml", "encoders")
+    return {n: at_input_size(entries[n], config["input_size"]) for n in config["encoders"]
+            if entries[n]["input_size"] != config["input_size"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_ocularbench_resized()))
+def test_each_resized_ocularbench_entry_loads_its_native_layout_at_224(name, tmp_path):
+    """A checkpoint in the entry's published layout at its native side (transformers: a one-block version of the
+    hub checkpoint's class) loads strictly through the real path into the 224 run and gives the declared
+    dimension (transformers: the numbers of the source tower with interpolated position embeddings)."""
+    from retinabench.models import build_architecture
+    from retinabench.testing.published import reduced_hf_config, save_transformers_checkpoint, write_published
+    entry = _ocularbench_resized()[name]
+    native = at_input_size(entry, "native")
+    assert entry["input_size"] == 224 and native["input_size"] == entry["native_input_size"] != 224
+    x = torch.randn(1, 3, 224, 224)
+    if entry["source"] == "transformers":
+        small = dict(native, hf_config=reduced_hf_config(native))
+        src = save_transformers_checkpoint(small, tmp_path / "hub")  # processor file at the native side
+        enc = build_encoder(at_input_size(small, 224), weights=tmp_path / "hub")
+        tower = src if type(src).__name__ == entry.get("hf_class") else src.vision_model
+        kwargs = enc.module.forward_kwargs
+        with torch.inference_mode():
+            ref = tower(pixel_values=x, **kwargs)
+            want = ref.pooler_output if entry["pooling"] == "pooler" else ref.last_hidden_state[:, 0]
+            assert torch.allclose(enc.module(x), want, atol=1e-5, rtol=1e-5)
+    else:
+        path = write_published(native, build_architecture(native, device="meta"), tmp_path / "published.pth")
+        enc = build_encoder(entry, weights=path, device="meta")
+        assert any(t.startswith("pos_embed resampled") and t.endswith("-> 16x16 (bicubic, antialias)")
+                   for t in enc.weights["transforms"])
+    assert enc.input_size == 224 and enc.embed_dim == entry["embed_dim"]
