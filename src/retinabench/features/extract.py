@@ -152,7 +152,8 @@ def extract_features(encoder: Encoder, cache_array: str | os.PathLike, cache_ind
                                              "embedding": col}, schema=schema))
                 bar.update(len(emb))
         bar.close()
-    return {"n_images": int(n), "dim": encoder.embed_dim, "device": str(dev), "batch_size": batch_size,
+    return {"n_images": int(n), "dim": encoder.embed_dim, "input_size": encoder.input_size, "device": str(dev),
+            "batch_size": batch_size,
             "precision": "bf16 autocast" if amp else "fp32", "channels_last": used_cl}
 
 

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from retinabench.models.hub import hub_errors
 from retinabench.models.keymaps import apply_keymap
 from retinabench.models._registry import build_architecture, register_origin
 from retinabench.models.strict import (KeyReport, WeightsError, load_state_dict_strict, probe_embed_dim,
@@ -52,11 +53,13 @@ def _verify(entry: dict, files: dict[str, Path], record: dict) -> None:
 
 def hub_files(entry: dict) -> tuple[dict[str, Path], dict]:
     """The locked files of the entry's Hugging Face repo at the locked revision (``HF_HUB_OFFLINE=1``: from the
-    cache only)."""
+    cache only); a hub error (gated, missing, not cached) is a :class:`WeightsError` naming the model and what to
+    do (:mod:`retinabench.models.hub`)."""
     from huggingface_hub import hf_hub_download
     record = _locked_record(entry)
-    files = {fname: Path(hf_hub_download(entry["hub_id"], fname, revision=record["revision"]))
-             for fname in record["files"]}
+    with hub_errors(entry, record["revision"]):  # gated, missing, not cached: one message naming the model
+        files = {fname: Path(hf_hub_download(entry["hub_id"], fname, revision=record["revision"]))
+                 for fname in record["files"]}
     _verify(entry, files, record)
     return files, {"origin": "hub", "files": dict(record["files"]), "hub_id": entry["hub_id"],
                    "revision": record["revision"]}

@@ -1,6 +1,7 @@
-"""timm entries: the architecture built by ``timm.create_model`` with random weights and the entry's pooling,
-loaded from a state-dict checkpoint (:mod:`retinabench.models._checkpoints`) after the ViT position embedding is
-resampled from the checkpoint's grid to the input grid, as timm's own pretrained loader does."""
+"""timm entries: the architecture built by ``timm.create_model`` with random weights, the entry's pooling and, for a
+ViT, ``img_size`` = the run's input size, loaded from a state-dict checkpoint (:mod:`retinabench.models._checkpoints`)
+after the ViT position embedding is resampled from the checkpoint's grid to the input grid, as timm's own pretrained
+loader does."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,9 @@ from torch import nn
 
 from retinabench.models._checkpoints import checkpoint_loader
 from retinabench.models._registry import SourceLoader, register_source
+from retinabench.models.hub import hub_errors
 from retinabench.models.strict import KeyReport, WeightsError
+from retinabench.registry.input_size import native_input_size, resized
 
 
 def _timm_kwargs(entry: dict) -> dict:
@@ -51,7 +54,8 @@ def _timm_module(entry: dict) -> nn.Module:
     kwargs = _timm_kwargs(entry)
     is_vit = any(t in entry["architecture"] for t in ("vit", "deit", "eva", "beit"))
     if is_vit:
-        kwargs.setdefault("img_size", entry["input_size"])
+        if resized(entry) or "img_size" not in kwargs:  # the run's side wins over an entry's own img_size
+            kwargs["img_size"] = entry["input_size"]
         if pooling in ("cls", "cls_patch_mean"):
             kwargs["global_pool"] = "token"
         elif pooling == "patch_mean":
@@ -62,7 +66,8 @@ def _timm_module(entry: dict) -> nn.Module:
             raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm ViT")
     elif pooling != "avg":
         raise WeightsError(f"encoder {entry['name']!r}: pooling {pooling!r} is not defined for a timm CNN (use avg)")
-    model = timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
+    with hub_errors(entry):  # an hf-hub: architecture's config comes from the hub
+        model = timm.create_model(entry["architecture"], pretrained=False, num_classes=0, **kwargs)
     if is_vit and not isinstance(model, (VisionTransformer, Eva)):
         raise WeightsError(f"encoder {entry['name']!r}: {entry['architecture']} is neither a timm VisionTransformer "
                            f"nor an Eva")
@@ -77,9 +82,11 @@ def _grid(n_tokens: int, what: str) -> int:
 
 
 def resample_pos_embed(module: nn.Module, sd: dict, entry: dict, report: KeyReport) -> None:
-    """Resample a timm ViT's absolute position embedding from the grid of ``checkpoint_img_size`` (declared by the
-    entry and checked against the file) to the architecture's grid, as timm's own pretrained loader does."""
-    src_size = entry.get("checkpoint_img_size")
+    """Resample a timm ViT's absolute position embedding from the checkpoint's grid to the architecture's grid (built
+    at the run's ``input_size``), as timm's own pretrained loader does (``checkpoint_filter_fn``: bicubic,
+    antialiased, prefix tokens kept). The checkpoint's grid: the entry's ``checkpoint_img_size`` (DINOv2's 518), else
+    its registry input size when the run resizes it (config ``input_size``); either is checked against the file."""
+    src_size = entry.get("checkpoint_img_size") or (native_input_size(entry) if resized(entry) else None)
     if not src_size or "pos_embed" not in sd:
         return
     from timm.layers import resample_abs_pos_embed
@@ -91,7 +98,8 @@ def resample_pos_embed(module: nn.Module, sd: dict, entry: dict, report: KeyRepo
     want_src = (src_size // patch) ** 2 + prefix
     have = sd["pos_embed"]
     if have.shape[1] != want_src:
-        raise WeightsError(f"{what}: pos_embed of the checkpoint has {have.shape[1]} tokens; checkpoint_img_size "
+        declared = "checkpoint_img_size" if entry.get("checkpoint_img_size") else "the registry's input_size"
+        raise WeightsError(f"{what}: pos_embed of the checkpoint has {have.shape[1]} tokens; {declared} "
                            f"{src_size} with patch {patch} means {want_src} (shape {tuple(have.shape)})")
     if have.shape == target.shape:
         return

@@ -6,11 +6,15 @@ its normalisation / input size.
 Three uses of one path: the image encoder (a vision model with the entry's pooling), the whole dual encoder (CLIP
 and SigLIP, both towers and the tokenizer) and the image-text-to-text models of the MLLM protocols
 (:func:`load_transformers_with`, ``AutoProcessor``).
+
+At another input size than the checkpoint's (config ``input_size``) the image forward interpolates the position
+embeddings the way transformers documents it (``interpolate_pos_encoding=True``; DINOv2 always interpolates).
 """
 from __future__ import annotations
 
 import fnmatch
 import tempfile
+from inspect import signature
 from pathlib import Path
 
 import torch
@@ -20,6 +24,7 @@ from retinabench.models._dual import DualEncoder, module_device
 from retinabench.models.preprocess import check_pipeline_files, resolve_normalization
 from retinabench.models._registry import SourceLoader, register_source, weight_files
 from retinabench.models.strict import KeyReport, WeightsError
+from retinabench.registry.input_size import native_input_size, resized
 
 
 class _HFVision(nn.Module):
@@ -27,16 +32,17 @@ class _HFVision(nn.Module):
     ``cls`` token 0, ``patch_mean`` the mean over patch tokens only (after the class and register tokens),
     ``pooler`` the model's own pooled output (SigLIP's attention-pool head)."""
 
-    def __init__(self, model: nn.Module, pooling: str, n_prefix: int):
+    def __init__(self, model: nn.Module, pooling: str, n_prefix: int, forward_kwargs: dict | None = None):
         super().__init__()
         self.model, self.pooling, self.n_prefix = model, pooling, n_prefix
+        self.forward_kwargs = dict(forward_kwargs or {})
 
     @property
     def target(self) -> nn.Module:
         return self.model
 
     def forward(self, x):
-        out = self.model(pixel_values=x)
+        out = self.model(pixel_values=x, **self.forward_kwargs)
         if self.pooling == "pooler":
             return out.pooler_output
         if self.pooling == "cls":
@@ -83,13 +89,29 @@ def _hf_prefix_tokens(entry: dict, config) -> int:
     return 1 + int(getattr(vc, "num_register_tokens", 0) or 0)
 
 
+def interpolation_kwargs(entry: dict, forward) -> dict:
+    """What a transformers image forward needs to run at the entry's input size when the run resizes it (config
+    ``input_size``): ``interpolate_pos_encoding=True`` where the forward takes it (ViT, CLIP, SigLIP: the position
+    embeddings are interpolated bicubically to the input's grid, transformers' documented path); nothing where the
+    model interpolates on every forward (DINOv2) or has no absolute position embedding, or at the native size."""
+    if not resized(entry):
+        return {}
+    return {"interpolate_pos_encoding": True} if "interpolate_pos_encoding" in signature(forward).parameters else {}
+
+
+def _interpolation_note(entry: dict, kwargs: dict) -> str:
+    how = "interpolate_pos_encoding=True" if kwargs else "the model's own interpolation on every forward"
+    return (f"input {entry['input_size']}px instead of the checkpoint's {native_input_size(entry)}px: position "
+            f"embeddings interpolated at each forward ({how})")
+
+
 def _hf_wrap(entry: dict, model: nn.Module, config) -> _HFVision:
     n_prefix = _hf_prefix_tokens(entry, config)
     if entry["pooling"] == "cls" and n_prefix == 0:
         raise WeightsError(f"encoder {entry['name']!r}: the model has no class token (use pooler or patch_mean)")
     if entry["pooling"] not in ("cls", "patch_mean", "pooler"):
         raise WeightsError(f"encoder {entry['name']!r}: pooling {entry['pooling']!r} is not defined for transformers")
-    return _HFVision(model, entry["pooling"], n_prefix)
+    return _HFVision(model, entry["pooling"], n_prefix, interpolation_kwargs(entry, model.forward))
 
 
 def _architecture(entry: dict, device: torch.device) -> nn.Module:
@@ -199,7 +221,10 @@ def load_transformers_with(entry: dict, weights: str | Path | None = None, *, pr
 def _pretrained(entry: dict, files: dict[str, Path], device: torch.device):
     model, config, report = _hf_from_pretrained(entry, files, entry.get("hf_class", "AutoModel"),
                                                 entry.get("drop_keys") or [])
-    return _hf_wrap(entry, model, config), report, None
+    module = _hf_wrap(entry, model, config)
+    if resized(entry):
+        report.transforms.append(_interpolation_note(entry, module.forward_kwargs))
+    return module, report, None
 
 
 # --- the dual encoder ---------------------------------------------------------------------------------------------
@@ -235,8 +260,12 @@ def _dual_encoder(entry: dict, weights: str | Path | None = None) -> DualEncoder
             tok.pop("attention_mask", None)  # SigLIP is used without a text attention mask (its reference usage)
         return _features(model.get_text_features(**tok))
 
+    image_kwargs = interpolation_kwargs(entry, model.get_image_features)
+    if resized(entry):
+        prov.setdefault("transforms", []).append(_interpolation_note(entry, image_kwargs))
+
     def enc_image(x):
-        return _features(model.get_image_features(pixel_values=x))
+        return _features(model.get_image_features(pixel_values=x, **image_kwargs))
     bias = getattr(model, "logit_bias", None)
     with torch.no_grad():
         scale = float(model.logit_scale.exp())

@@ -17,12 +17,19 @@ from typing import Any
 
 from retinabench.atomic import atomic_path
 from retinabench.hashing import sha256_file
+from retinabench.models.hub import hub_errors
 from retinabench.registry.lockfile import (LockError, is_glob, local_weights_file, pins_of, requested_files,
                                            weights_origin)
 
 
-def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:
+def _download(entry: dict, filename: str, revision: str) -> str:
+    """One file of the entry's repo at ``revision``, a hub error as a :class:`LockError` naming the model."""
     from huggingface_hub import hf_hub_download
+    with hub_errors(entry, revision, LockError):
+        return hf_hub_download(entry["hub_id"], filename, revision=revision)
+
+
+def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:
     import fnmatch
     import json
     files = []
@@ -32,7 +39,7 @@ def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:
         elif f in repo_files:
             files.append(f)
         elif f.endswith(".safetensors") and f + ".index.json" in repo_files:  # sharded weights: index + shards
-            index = json.loads(Path(hf_hub_download(entry["hub_id"], f + ".index.json", revision=revision)).read_text())
+            index = json.loads(Path(_download(entry, f + ".index.json", revision)).read_text())
             files += [f + ".index.json", *sorted(set(index["weight_map"].values()))]
         elif f == "preprocessor_config.json" and f not in (entry.get("hf_files") or []):
             continue  # a model without a processor file: nothing to pin (the entry's normalisation stands)
@@ -41,8 +48,7 @@ def _hub_files(entry: dict, revision: str, repo_files: set[str]) -> list[str]:
             files.append("pytorch_model.bin")  # an older repo without safetensors (loaded with weights_only)
         elif (entry["source"] == "transformers" and not entry.get("weights_file") and f == "model.safetensors"
               and "pytorch_model.bin.index.json" in repo_files):
-            index = json.loads(Path(hf_hub_download(entry["hub_id"], "pytorch_model.bin.index.json",
-                                                    revision=revision)).read_text())
+            index = json.loads(Path(_download(entry, "pytorch_model.bin.index.json", revision)).read_text())
             files += ["pytorch_model.bin.index.json", *sorted(set(index["weight_map"].values()))]
         else:
             raise LockError(f"encoder {entry['name']!r}: {entry['hub_id']}@{revision} has no file {f!r}; "
@@ -56,22 +62,15 @@ def lock_entry(entry: dict) -> dict:
     name = entry["name"]
     record: dict[str, Any] = {"pins": pins_of(entry), "locked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if origin == "hub":
-        from huggingface_hub import HfApi, hf_hub_download
-        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-        try:
+        from huggingface_hub import HfApi
+        with hub_errors(entry, error=LockError):  # gated, missing: one message naming the model and what to do
             info = HfApi().model_info(entry["hub_id"])
-        except GatedRepoError as err:
-            raise LockError(f"encoder {name!r}: {entry['hub_id']} is gated: accept its licence at "
-                            f"https://huggingface.co/{entry['hub_id']} and pass a token (HF_TOKEN or `hf auth login`)"
-                            ) from err
-        except RepositoryNotFoundError as err:
-            raise LockError(f"encoder {name!r}: no hub repo {entry['hub_id']!r} (or it is private)") from err
         revision = info.sha
         if revision is None:
             raise LockError(f"encoder {name!r}: the hub gave no commit for {entry['hub_id']!r}")
         files = _hub_files(entry, revision, {s.rfilename for s in info.siblings or []})
         record["revision"] = revision
-        record["files"] = {f: sha256_file(hf_hub_download(entry["hub_id"], f, revision=revision)) for f in files}
+        record["files"] = {f: sha256_file(_download(entry, f, revision)) for f in files}
     elif origin == "url":
         dest = local_weights_file(entry)
         if not dest.is_file():

@@ -1,11 +1,14 @@
 """An entry's input pipeline (normalisation statistics, input size) and the check of the model's own pipeline files
-(a transformers processor config, a timm pretrained config) against it."""
+(a transformers processor config, a timm pretrained config) against it: against the registry's input size (the
+checkpoint's own), also when the run feeds another side (config ``input_size``,
+:mod:`retinabench.registry.input_size`)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from retinabench.models.strict import WeightsError
+from retinabench.registry.input_size import native_input_size
 
 NORMALIZATIONS = {
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
@@ -55,8 +58,8 @@ def check_pipeline_files(entry: dict, files: dict[str, Path]) -> list[str]:
         if fname == "preprocessor_config.json":
             size = cfg.get("crop_size") or cfg.get("size") or {}
             side = size.get("height", size.get("shortest_edge")) if isinstance(size, dict) else size
-            if side is not None and int(side) != entry["input_size"] and not entry.get("input_size_differs"):
-                raise WeightsError(f"{what}: {fname} feeds {side}px images; the entry's input_size is "
-                                   f"{entry['input_size']}")
+            native = native_input_size(entry)  # the checkpoint's pipeline, whatever side the run feeds
+            if side is not None and int(side) != native and not entry.get("input_size_differs"):
+                raise WeightsError(f"{what}: {fname} feeds {side}px images; the entry's input_size is {native}")
         checked.append(fname)
     return checked

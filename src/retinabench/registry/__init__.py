@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from retinabench.registry.input_size import NATIVE, apply_input_size
 from retinabench.registry.lockfile import attach_locks, lock_path_for, read_lock
 
 REGISTRY_KINDS = ("datasets", "tasks", "encoders")
@@ -174,13 +175,15 @@ def resolve_results(encoders: dict[str, dict], results: str | None) -> dict[str,
 
 class Registries:
     """The three registries of one configuration, with the names a run selects; ``results``: the results folder a
-    ``{results}`` in an encoder's ``weights_path`` stands for."""
+    ``{results}`` in an encoder's ``weights_path`` stands for; ``input_size``: the config's ``input_size``, every
+    encoder entry as a run at that side builds it (:mod:`retinabench.registry.input_size`)."""
 
-    def __init__(self, datasets_path, tasks_path, encoders_path, results: str | None = None):
+    def __init__(self, datasets_path, tasks_path, encoders_path, results: str | None = None,
+                 input_size: int | str = NATIVE):
         self.datasets, self.dataset_files = load_registries(datasets_path, "datasets")
         self.tasks, self.task_files = load_registries(tasks_path, "tasks")
         encoders, self.encoder_files = load_registries(encoders_path, "encoders")
-        self.encoders = resolve_results(encoders, results)
+        self.encoders = apply_input_size(resolve_results(encoders, results), input_size)
         check_cross_references(self.datasets, self.tasks, self.encoders)
         # Lock records travel with their entries: each registry file's lock file sits beside it
         # (config/encoders.lock.yaml beside config/encoders.yaml).
@@ -196,7 +199,8 @@ class Registries:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Registries:
         reg = config["registries"]
-        return cls(reg["datasets"], reg["tasks"], reg["encoders"], results=str(config["results"]))
+        return cls(reg["datasets"], reg["tasks"], reg["encoders"], results=str(config["results"]),
+                   input_size=config["input_size"])
 
     def task(self, name: str) -> dict:
         try:

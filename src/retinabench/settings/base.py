@@ -49,6 +49,7 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 OpenFraction = Annotated[float, Field(gt=0, lt=1)]
 Auto = Literal["auto"]
+Native = Literal["native"]
 
 
 def _no_duplicates(values: list) -> list:

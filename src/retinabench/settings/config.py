@@ -3,11 +3,11 @@
 settings."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 from pydantic import Field
 
-from retinabench.settings.base import FeatureProtocols, Names, Regimes, Section, Seeds
+from retinabench.settings.base import FeatureProtocols, Names, Native, Regimes, Section, Seeds
 from retinabench.settings.data import (DuplicatesSettings, FeaturesSettings, ImageCacheSettings, ImagesSettings,
                                        PhantomSettings, RankingSettings, RegistriesSettings, SplitSettings)
 from retinabench.settings.errors import validate
@@ -38,6 +38,12 @@ class Config(Section):
     seeds: Seeds = Field([0, 1, 2], description="seeds of the seeded protocols (deterministic ones run seed 0)")
     regimes: Regimes = Field(["u-u", "u-b", "b-b", "b-u"],
                              description="training-test regimes: u = all images, b = the class-balanced undersample")
+    input_size: Native | Annotated[int, Field(ge=32)] = Field(
+        "native", description="side of the square input every image encoder runs at (features, fine-tuning, "
+                              "compute, saliency, zero-shot): native: each entry's registry input_size; an integer: "
+                              "every encoder at that size, ViT position embeddings interpolated (timm / open_clip: "
+                              "resampled at load; transformers: interpolate_pos_encoding); OcularBench: 224 "
+                              "(docs/encoders.md)")
     split: SplitSettings = SplitSettings()
     duplicates: DuplicatesSettings = DuplicatesSettings()
     images: ImagesSettings = ImagesSettings()
