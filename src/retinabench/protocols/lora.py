@@ -217,7 +217,13 @@ def _memory(peft_model, collator: SFTCollator, first: Sequence[SFTExample], batc
                           vision_tokens=n_image * merge)
     cuda = getattr(device, "type", str(device)) == "cuda"
     total = torch.cuda.get_device_properties(device).total_memory if cuda else None
-    return {"estimate": est, "line": describe(est, total)}
+    line = describe(est, total)
+    if total and est["total_bytes"] > total:
+        sharded = memory_estimate(peft_model, batch=batch, seq_len=seq_len, world_size=world, strategy="fsdp",
+                                  vision_tokens=n_image * merge)
+        line += (f"; WARNING: more than the device holds (DDP keeps a full replica per process); FSDP full sharding "
+                 f"would need {sharded['total_bytes'] / 2 ** 30:.1f} GiB per process")
+    return {"estimate": est, "line": line}
 
 
 def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, out_dir: str | os.PathLike,

@@ -65,12 +65,12 @@ def memory_estimate(model, *, batch: int, seq_len: int, world_size: int = 1, str
     vision = getattr(config, "vision_config", None)
     if vision is not None and vision_trains and vision_tokens:
         act += _activations(vision, batch * vision_tokens, vision_tokens, act_bytes, logits=False)
-    est = {"strategy": strategy, "world_size": int(world_size), "batch": int(batch), "seq_len": int(seq_len),
+    est: dict = {"strategy": strategy, "world_size": int(world_size), "batch": int(batch), "seq_len": int(seq_len),
            "frozen_bytes": frozen // shard, "trainable_bytes": trainable // shard, "lora_bytes": lora // shard,
            "trainable_params": int(n_trainable), "lora_params": int(n_lora),
            "saved_module_params": int(n_trainable - n_lora), "gradient_bytes": grads // shard,
            "optimizer_bytes": optimizer // shard, "ddp_bucket_bytes": buckets, "activation_bytes": int(act)}
-    est["total_bytes"] = sum(est[k] for k in ("frozen_bytes", "trainable_bytes", "gradient_bytes", "optimizer_bytes",
+    est["total_bytes"] = sum(int(est[k]) for k in ("frozen_bytes", "trainable_bytes", "gradient_bytes", "optimizer_bytes",
                                                "ddp_bucket_bytes", "activation_bytes"))
     return est
 
