@@ -115,19 +115,60 @@ def test_rule_code_covers_the_lora_modules_and_the_stages_are_registered():
     assert {"adapter_deltas.py", "paired.py"} <= deltas and "lora_launch.py" not in deltas
 
 
-def test_the_focus_grid_trains_on_brset_and_mbrset_and_tests_every_dataset_of_the_task():
+def focus_plan():
     c = config()
     c.update(yaml.safe_load((REPO / "config/focus.yaml").read_text()))
     c["registries"] = {k: str(REPO / v) for k, v in c["registries"].items()}
-    lp = WorkflowPlan(c).lora
+    return WorkflowPlan(c).lora
+
+
+def test_the_focus_grid_plans_focus_36_in_domain_and_192_out_of_domain_evaluations():
+    # FOCUS (config/mllm_config.yaml, jobs/eval/evaluate_sft_adapters.sh): 6 MLLMs x {brset, mbrset} x {binary_dr,
+    # referable_dr, glaucoma}, each adapter tested on every eval dataset of its task: DR 7 datasets, GON 5
+    lp = focus_plan()
     mllms = {e for e, _ in lp.jobs}
     assert len(mllms) == 6 and {t for _, t in lp.jobs} == {
         "brset_diabetic_cfp_anydr", "brset_diabetic_cfp_referable", "brset_diabetic_cfp_gon",
         "mbrset_macula_cfp_anydr", "mbrset_macula_cfp_referable"}
-    in_domain = len(lp.jobs)
-    out_of_domain = sum(len(j.test_tasks) - 1 for j in lp.jobs.values())
-    assert (in_domain, out_of_domain) == (30, 162)  # FOCUS: 36 + 192 (mBRSET's GON, which the release lacks)
+    n = lp.counts()
+    assert (n["in_domain"], n["out_of_domain"]) == (36, 192)
+    # of which this grid runs 30 + 162; mBRSET GON (no label in its release) is lora.unavailable; RFMiD /
+    # RFMiD 2.0 referable DR run as FOCUS's flagged approximations (label_variant focus)
+    assert (n["in_domain_run"], n["out_of_domain_run"]) == (30, 162)
+    assert n["in_domain_run"] == len(lp.jobs) and n["out_of_domain_run"] == sum(len(j.test_tasks) - 1
+                                                                                 for j in lp.jobs.values())
+    per_source = {}
+    for j in lp.jobs.values():
+        per_source[j.source] = len(j.test_tasks) - 1 + sum(1 for q in lp.not_run if q.encoder == j.encoder
+                                                           and q.source == j.source)
+    assert per_source == {"brset_diabetic_cfp_anydr": 6, "brset_diabetic_cfp_referable": 6,
+                          "brset_diabetic_cfp_gon": 4, "mbrset_macula_cfp_anydr": 6, "mbrset_macula_cfp_referable": 6}
+    virtual = [q for q in lp.not_run if q.source == "mbrset_macula/gon"]
+    assert len(virtual) == 6 * 5 and sum(q.in_domain for q in virtual) == 6
     gon = lp.jobs[("medgemma_4b_it", "brset_diabetic_cfp_gon")].test_tasks
     assert gon == ("brset_diabetic_cfp_gon", "papila_cfp_gon_focus", "refuge_cfp_gon", "g1020_cfp_gon")
+    rows = lp.skipped()
+    assert sum(r["n"] for r in rows) == 6 + 30 and all("cannot run" in r["reason"] for r in rows)
+    assert any("increased_cdr" in r["reason"] and r["part"] == "mbrset_macula/gon -> mbrset_macula/gon" for r in rows)
     # every test task has the base model's result (the mllm interface runs all 18 tasks)
     assert not [q for q in lp.problems() if "pair with" in q]
+    t = lp.train
+    assert (t.targets, t.modules_to_save, t.label_mask, t.effective_batch) == (
+        "all_linear", "focus", "full", "per_process")
+
+
+def test_unavailable_entries_are_checked_against_the_grid():
+    base = {"sources": ["phantom_cfp_glaucoma"]}
+    p = WorkflowPlan(lora_config(lora={**base, "unavailable": {"phantom_sitec": {"gon": "no such site here"}}}))
+    n = p.lora.counts()
+    # the adapter is also planned on the missing site (not run); the site is no source (not a source dataset)
+    assert (n["in_domain"], n["out_of_domain"], n["out_of_domain_not_run"]) == (1, 2, 1)
+    with pytest.raises(ValueError, match=r"lora.unavailable.phantom_siteb.gon: the grid runs it"):
+        WorkflowPlan(lora_config(lora={**base, "unavailable": {"phantom_siteb": {"gon": "x"}}}))
+    with pytest.raises(KeyError, match="harmonised id of no grid task"):
+        WorkflowPlan(lora_config(lora={**base, "unavailable": {"phantom_sitec": {"amd": "x"}}}))
+    with pytest.raises(ValueError, match="give the reason"):
+        WorkflowPlan(lora_config(lora={**base, "unavailable": {"phantom_sitec": {"gon": " "}}}))
+    # explicit test tasks: only those (no unavailable test set is planned)
+    p = WorkflowPlan(lora_config(lora={**base, "test_tasks": GON, "unavailable": {"phantom_sitec": {"gon": "x"}}}))
+    assert p.lora.counts()["out_of_domain_not_run"] == 0

@@ -122,6 +122,54 @@ def test_lora_targets_every_language_model_linear_and_nothing_else(base):
     assert all(n.startswith("model.language_model.") for n in L.language_model_linears(m2.model))
 
 
+def test_all_linear_is_peft_all_linear_with_the_vision_tower_and_without_lm_head(base):
+    from peft import LoraConfig, get_peft_model
+    for m in (_load(base), load_mllm(*_qwen())):
+        ours = set(L.target_linears(m.model, "all_linear"))
+        lm = set(L.target_linears(m.model, "language_model"))
+        assert lm < ours and "lm_head" not in ours
+        vision = {n for n in ours if n.startswith(("model.vision_tower.", "model.visual."))}
+        assert vision and all(n.startswith(("model.vision_tower.", "model.visual.", "model.multi_modal_projector."))
+                              for n in ours - lm)  # the vision tower and the projector / merger
+        peft = get_peft_model(load_mllm(*(base if m.name == "tiny_llava" else _qwen())).model,
+                              LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+        wrapped = {n.removeprefix("base_model.model.") for n, mod in peft.named_modules() if hasattr(mod, "lora_A")}
+        assert wrapped == ours  # peft's own resolution of "all-linear"
+
+
+def test_focus_modules_to_save_except_a_pure_llama():
+    focus = L.LoraSettings(modules_to_save="focus")
+    assert L.modules_to_save(focus, {"hub_id": "llava-hf/llama3-llava-next-8b-hf"}) == ["lm_head", "embed_tokens"]
+    assert L.modules_to_save(focus, {"hub_id": "meta-llama/Llama-3.2-11B-Vision-Instruct"}) is None
+    assert L.modules_to_save(L.LoraSettings(), {"hub_id": "google/medgemma-4b-it"}) is None
+    with pytest.raises(ValueError, match="language_model or all_linear"):
+        L.target_linears(torch.nn.Linear(2, 2), "everything")
+
+
+def test_memory_estimate_counts_parameter_bytes_exactly(base):
+    from peft import get_peft_model
+
+    from retinabench.protocols.lora_memory import GIB, describe, memory_estimate
+    m = _load(base)
+    s = L.LoraSettings(targets="all_linear", modules_to_save="focus")
+    mods = dict(m.model.named_modules())
+    n_lora = sum(16 * (mods[n].in_features + mods[n].out_features) for n in L.target_linears(m.model, "all_linear"))
+    peft = get_peft_model(m.model, L.lora_config(s, m.model, base[0]))
+    frozen = sum(p.numel() * p.element_size() for p in peft.parameters() if not p.requires_grad)
+    train = sum(p.numel() * p.element_size() for p in peft.parameters() if p.requires_grad)
+    est = memory_estimate(peft, batch=2, seq_len=40, world_size=4, strategy="ddp", vision_tokens=16)
+    assert est["frozen_bytes"] == frozen and est["trainable_bytes"] == train and est["lora_params"] == n_lora
+    assert est["saved_module_params"] > 0 and est["lora_bytes"] == 4 * n_lora  # fp32 LoRA matrices
+    assert est["gradient_bytes"] == train and est["optimizer_bytes"] == 2 * train and est["ddp_bucket_bytes"] == train
+    t = m.model.config.text_config
+    assert est["activation_bytes"] >= 2 * 40 * t.hidden_size * t.num_hidden_layers * 2 + 2 * 2 * 40 * t.vocab_size * 4
+    fsdp = memory_estimate(peft, batch=2, seq_len=40, world_size=4, strategy="fsdp")
+    assert fsdp["frozen_bytes"] == frozen // 4 and fsdp["ddp_bucket_bytes"] == 0 and fsdp["total_bytes"] < est["total_bytes"]
+    assert "GiB" in describe(est, 80 * GIB) and "of 80.0 GiB" in describe(est, 80 * GIB)
+    with pytest.raises(ValueError, match="strategy"):
+        memory_estimate(peft, batch=1, seq_len=1, strategy="zero3")
+
+
 _QWEN = {}
 
 
@@ -163,7 +211,11 @@ def test_only_the_assistant_answer_is_supervised(base, trained):
             assert torch.equal(batch["input_ids"][i, n - len(kept):n], kept)
         assert (batch["labels"][batch["attention_mask"] == 0] == L.IGNORE_INDEX).all()
         full = L.SFTCollator(mllm.processor, trained["prompt"], "full")(ex)  # FOCUS's variant, by name
-        assert (full["labels"] != L.IGNORE_INDEX).sum() == full["attention_mask"].sum()
+        image = torch.isin(full["input_ids"], torch.tensor(L.image_token_ids(mllm.processor)))
+        assert image.sum() > 0 and (full["labels"][image] == L.IGNORE_INDEX).all()  # image tokens out, as FOCUS
+        real = (full["attention_mask"] == 1) & ~image
+        assert torch.equal(full["labels"][real], full["input_ids"][real])  # every text token of prompt and answer
+        assert (full["labels"][full["attention_mask"] == 0] == L.IGNORE_INDEX).all()
 
 
 # --- training and outputs ----------------------------------------------------------------------------------------
@@ -174,6 +226,9 @@ def test_training_lowers_the_loss_and_writes_adapter_log_compute_and_sidecar(tra
     assert log["train_loss"].iloc[-1] < log["train_loss"].iloc[0] - 0.2
     compute = json.loads((out / "compute.json").read_text())
     assert compute["steps"] == 6 and compute["peak_mem_mb"] > 0 and compute["train_seconds"] > 0
+    est = compute["memory_estimate"]  # logged before training; the base weights are fp32 on CPU
+    assert est["lora_params"] == compute["trainable_params"] and est["frozen_bytes"] == 4 * (
+        compute["total_params"] - compute["trainable_params"])
     mods = dict(_load(base).model.named_modules())
     assert compute["trainable_params"] == sum(16 * (mods[n].in_features + mods[n].out_features)
                                               for n in L.language_model_linears(_load(base).model))

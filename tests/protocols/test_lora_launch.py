@@ -1,7 +1,9 @@
 """The LoRA training job as a torchrun process group on CPU (gloo): two processes train one adapter (rank 0 writes
-it, its sidecar, the loss log and the compute record), the gradient accumulation is divided by the world size so
-the effective batch stays the configured one, a failing group fails the job with its last lines, and the process
-count follows the job's GPUs."""
+it, its sidecar, the loss log and the compute record). Ours: the gradient accumulation is divided by the world size
+so the effective batch stays the configured one, LoRA on the language model only; FOCUS's variant: batch x
+accumulation per process (effective x 2), LoRA on the vision tower's and the language model's linears plus lm_head /
+embed_tokens in full. A failing group fails the job with its last lines, and the process count follows the job's
+GPUs."""
 import json
 
 import pytest
@@ -51,12 +53,45 @@ def test_two_processes_train_one_adapter_with_the_effective_batch_kept(spec):
     assert compute["world_size"] == 2 and compute["batch_size"] == 2
     # 2 processes x batch 2 x accumulation 1 = the configured 2 x 2
     assert compute["grad_accum"] == 1 and compute["effective_batch"] == 4 and compute["steps"] == 4
+    assert set(_adapted(out)) and all(n.startswith("model.language_model.") for n in _adapted(out))  # LM only
+    assert compute["memory_estimate"]["world_size"] == 2 and compute["memory_estimate"]["saved_module_params"] == 0
     info = verify_adapter_files(out / "adapter")  # rank 0 wrote the sidecar with every file's sha256
     assert info.task == TASK["name"] and info.record["world_size"] == 2
     assert not (out / "checkpoints").exists()
     from retinabench.models.mllm import load_mllm
     m = load_adapter(load_mllm(spec["entry"], spec["weights"], device="cpu"), out / "adapter")
     assert m.weights["adapter"]["sha256"] == info.sha256
+
+
+def _adapted(out) -> set[str]:
+    """The module names the saved adapter holds LoRA weights for (and its full copies, as '<module>:full')."""
+    from safetensors import safe_open
+    with safe_open(str(out / "adapter" / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    stems = {k.removeprefix("base_model.model.") for k in keys}
+    return ({k.rsplit(".lora_", 1)[0] for k in stems if ".lora_" in k}
+            | {k.rsplit(".", 1)[0] + ":full" for k in stems if ".lora_" not in k})
+
+
+def test_two_processes_train_focus_variant_all_linear_with_the_batch_per_process(spec):
+    out = spec["root"] / "focus"
+    focus = {**SETTINGS, "max_steps": 2, "targets": "all_linear", "modules_to_save": "focus", "label_mask": "full",
+             "effective_batch": "per_process"}
+    logs: list[str] = []
+    s = {**spec, "root": None, "out_dir": str(out), "settings": focus}
+    assert lora_launch.launch(s, 2, log=logs.append) is None
+    compute = json.loads((out / "compute.json").read_text())
+    # FOCUS: every process runs batch x accumulation: 2 processes x 2 x 2 = 8 (4 GPUs x 4 x 4 = 64 on its cluster)
+    assert (compute["world_size"], compute["batch_size"], compute["grad_accum"]) == (2, 2, 2)
+    assert compute["effective_batch"] == 8 and compute["steps"] == 2
+    adapted = _adapted(out)
+    assert {n for n in adapted if n.startswith("model.vision_tower.")}            # the vision tower's linears
+    assert {n for n in adapted if n.startswith("model.language_model.layers.")}   # and the language model's
+    assert {"lm_head:full", "model.language_model.embed_tokens:full"} <= adapted   # modules_to_save
+    est = compute["memory_estimate"]
+    assert est["saved_module_params"] > 0 and est["ddp_bucket_bytes"] == est["gradient_bytes"] > 0
+    assert any("[rank 0]" in m and "memory estimate per process (ddp, 2 process(es)" in m for m in logs)
+    assert not any("[rank 1]" in m and "memory estimate" in m for m in logs)  # rank 0 logs it, once
 
 
 def test_a_failing_group_fails_the_job_with_its_last_lines(spec, tmp_path):
@@ -73,7 +108,10 @@ def test_accumulation_is_divided_by_the_world_size_and_must_divide():
     assert s.per_process({"params_m": 27000}, 4) == (1, 2)        # 27B class: 1 x 8 over 4 GPUs
     with pytest.raises(ValueError, match="not divisible by the 3 processes"):
         s.per_process({"params_m": 8000}, 3)
-    assert LoraSettings(keep_effective_batch=False).per_process({"params_m": 8000}, 3) == (4, 4)
+    focus = LoraSettings(effective_batch="per_process")
+    assert focus.per_process({"params_m": 8000}, 3) == (4, 4)
+    assert focus.per_process({"params_m": 8000}, 4) == (4, 4)    # FOCUS: 4 x 4 x 4 GPUs = 64
+    assert focus.per_process({"params_m": 27000}, 4) == (1, 8)   # 27B class: 1 x 8 x 4 GPUs = 32
 
 
 def test_process_count_follows_the_setting_and_the_visible_gpus(monkeypatch):

@@ -20,6 +20,20 @@ class AdapterJob:
     test_tasks: tuple[str, ...]  # the source task first, then the out-of-domain tasks
 
 
+@dataclass(frozen=True)
+class NotRun:
+    """A planned adapter evaluation this grid cannot run (``lora.unavailable``): its source or test set is a
+    ``<dataset>/<harmonised id>`` with no task here."""
+    encoder: str
+    source: str
+    test: str
+    reason: str
+
+    @property
+    def in_domain(self) -> bool:
+        return self.source == self.test
+
+
 class LoraPlan:
     report_section = LORA  # the report's category of the Table-5 outputs
 
@@ -29,6 +43,7 @@ class LoraPlan:
         self.train = self.settings.train
         self.enabled = self.settings.enabled
         self.jobs: dict[tuple[str, str], AdapterJob] = {}
+        self.not_run: list[NotRun] = []
         self.constraint_encoders = self.constraint_tasks = alternatives([])
         if not self.enabled:
             return
@@ -40,6 +55,7 @@ class LoraPlan:
         for enc in chosen:
             for src in sources:
                 self.jobs[(enc, src)] = AdapterJob(enc, src, self._test_tasks(src))
+        self.not_run = self._not_run(chosen, sources)
         self.constraint_encoders = alternatives(sorted({j.encoder for j in self.jobs.values()}))
         self.constraint_tasks = alternatives(sorted({j.source for j in self.jobs.values()}))
 
@@ -75,6 +91,72 @@ class LoraPlan:
                 raise KeyError(f"lora.test_tasks: {bad} are not tasks of the grid")
             others = [t for t in wanted if t != source and self._compatible(source, t)]
         return (source, *others)
+
+    # -- a study's evaluations this grid cannot run (lora.unavailable) ------------------------------------------
+    def _unavailable(self) -> dict[str, tuple[str, str, str]]:
+        """{"<dataset>/<harmonised id>": (dataset, harmonised id, reason)}, each checked against the grid."""
+        reg, out = self.core.reg, {}
+        grid = {(reg.task(t)["dataset"], reg.task(t).get("harmonised")): t for t in self.core.tasks}
+        known = {h for _, h in grid if h is not None}
+        for dataset, entries in self.settings.unavailable.items():
+            for h, reason in entries.items():
+                key = f"lora.unavailable.{dataset}.{h}"
+                if h not in known:
+                    raise KeyError(f"{key}: {h!r} is the harmonised id of no grid task (known: {sorted(known)})")
+                if (dataset, h) in grid:
+                    raise ValueError(f"{key}: the grid runs it (task {grid[(dataset, h)]!r}): remove the entry")
+                if not str(reason).strip():
+                    raise ValueError(f"{key}: give the reason it cannot run")
+                out[f"{dataset}/{h}"] = (dataset, h, str(reason).strip())
+        return out
+
+    def _not_run(self, encoders: list[str], sources: list[str]) -> list[NotRun]:
+        """The planned evaluations involving an unavailable set: an unavailable (dataset, harmonised id) is a source
+        when its dataset and id are among the selected sources' (FOCUS: train datasets x train tasks), and a test
+        set of every source of its id on another dataset (test_tasks auto)."""
+        missing = self._unavailable()
+        if not missing:
+            return []
+        reg = self.core.reg
+        src_datasets = {reg.task(t)["dataset"] for t in sources}
+        src_ids = {reg.task(t).get("harmonised") for t in sources}
+        virtual = [v for v, (d, h, _) in missing.items() if d in src_datasets and h in src_ids]
+        auto = self.settings.test_tasks == "auto"
+        out = []
+        for enc in encoders:
+            for src in sources:  # a runnable adapter tested on an unavailable set
+                d, h = reg.task(src)["dataset"], reg.task(src).get("harmonised")
+                out += [NotRun(enc, src, v, r) for v, (vd, vh, r) in missing.items()
+                        if auto and h is not None and vh == h and vd != d]
+            for v in virtual:  # an adapter that cannot be trained: none of its evaluations run
+                d, h, r = missing[v]
+                tests = [v] + ([t for t in self.core.tasks if reg.task(t).get("harmonised") == h
+                                and reg.task(t)["dataset"] != d]
+                               + [w for w, (wd, wh, _) in missing.items() if wh == h and wd != d] if auto else [])
+                out += [NotRun(enc, v, t, r if t == v or t in self.core.tasks else f"{r}; {missing[t][2]}")
+                        for t in tests]
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Planned adapter evaluations: in-domain and out-of-domain, those that run and those that cannot."""
+        run_in = len(self.jobs)
+        run_out = sum(len(j.test_tasks) - 1 for j in self.jobs.values())
+        not_in = sum(n.in_domain for n in self.not_run)
+        not_out = len(self.not_run) - not_in
+        return {"in_domain": run_in + not_in, "out_of_domain": run_out + not_out, "in_domain_run": run_in,
+                "out_of_domain_run": run_out, "in_domain_not_run": not_in, "out_of_domain_not_run": not_out}
+
+    def skipped(self) -> list[dict]:
+        """Skipped-table rows (retinabench.skipped) for the planned evaluations that cannot run: one per (source,
+        test set), ``n`` = the MLLMs it concerns."""
+        from retinabench import skipped as skip_table
+        groups: dict[tuple[str, str, str], int] = {}
+        for n in self.not_run:
+            groups[(n.source, n.test, n.reason)] = groups.get((n.source, n.test, n.reason), 0) + 1
+        return [skip_table.record("lora_table5", f"adapter {src} tested on {test} "
+                                  f"({'in-domain' if src == test else 'out-of-domain'}) cannot run: {reason}",
+                                  part=f"{src} -> {test}", n=k)
+                for (src, test, reason), k in sorted(groups.items())]
 
     # -- base-model results (the mllm interface's jobs) ------------------------------------------------------
     def base_predictions(self, encoder: str, task: str) -> str | None:

@@ -1,11 +1,13 @@
 """LoRA supervised fine-tuning (SFT) of multimodal LLMs for yes/no tasks (FOCUS).
 
-Training (:func:`train_lora`): one adapter per (MLLM, source dataset, task), peft LoRA on every ``nn.Linear`` of
-the *language model* (not the vision tower, not the projector, not ``lm_head``; the explicit module list is what
-the adapter records), r 16, α 16, dropout 0.05, no bias, 1 epoch, lr 2e-5, per-device batch 4 × gradient
-accumulation 4 (1 × 8 for the 27B size class, ``params_m >= large_min_params_m``), bf16 and gradient
-checkpointing on CUDA — :class:`~retinabench.settings.LoraSettings`, the FOCUS defaults, the config's
-``lora.train``.
+Training (:func:`train_lora`): one adapter per (MLLM, source dataset, task), peft LoRA r 16, α 16, dropout 0.05, no
+bias, 1 epoch, lr 2e-5, per-device batch 4 × gradient accumulation 4 (1 × 8 for the 27B size class, ``params_m >=
+large_min_params_m``), bf16 and gradient checkpointing on CUDA, as FOCUS's run_sft.sh / train_sft.py. The modules
+(:mod:`retinabench.protocols.lora_targets`): ours, every ``nn.Linear`` of the language model; FOCUS's, every
+linear module vision tower included plus ``lm_head`` / ``embed_tokens`` trained in full (``lora.train.targets``,
+``modules_to_save``). Whatever trains is kept in fp32. Over W processes the effective batch is batch ×
+accumulation (ours, ``effective_batch: keep``) or batch × accumulation × W (FOCUS, ``per_process``). A per-process
+memory estimate (:mod:`retinabench.protocols.lora_memory`) is logged before training and kept in compute.json.
 transformers' ``Trainer`` runs the loop (accelerate underneath: ``torchrun`` / ``accelerate launch`` give one
 process per GPU with no code change); checkpoints every ``save_steps`` optimizer steps, and a killed job resumes
 from the last one (optimizer, scheduler, RNG and data position restored by the Trainer).
@@ -14,8 +16,8 @@ Examples (:func:`training_examples`) are the TRAINING split of the source datase
 from its val/test rows, checked again here), rendered as chat messages through the same prompt registry, leakage
 guard and chat template as inference: user (image + the task's question), assistant (``yes`` / ``no``). The loss
 is on the assistant turn only (:class:`SFTCollator`: every prompt token, image tokens included, and every pad
-is -100); FOCUS supervises the whole prompt — :data:`LABEL_MASKS` keeps that variant available by name
-(``label_mask: full``) for a reproduction.
+is -100); FOCUS supervises every text token of the conversation (its collator masks pads and image tokens only) —
+:data:`LABEL_MASKS` keeps that variant available by name (``label_mask: full``) for a reproduction.
 
 Strict loading and the adapter's provenance sidecar live in :mod:`retinabench.models.adapters`; inference is
 :func:`retinabench.protocols.mllm.run` with the adapter: the same prompts, scoring and parser.
@@ -36,46 +38,16 @@ import pandas as pd
 
 from retinabench.atomic import write_text_atomic
 from retinabench.prompts import PromptRegistry, YesNoPrompt, render_questions
-from retinabench.models.adapters import AdapterError, base_record, name_base_model
+from retinabench.models.adapters import base_record, name_base_model
 from retinabench.models.mllm import MLLM
+from retinabench.protocols.lora_targets import (all_linears, language_model_linears, language_model_prefix,
+                                                lora_config, modules_to_save, target_linears)
 from retinabench.settings.layers import LABEL_MASKS, LoraSettings
 
 FOCUS = LoraSettings()  # FOCUS's training settings: the defaults of the config's lora.train
 
 IGNORE_INDEX = -100
 PROTOCOL = "mllm_lora"            # the training log's protocol name
-# --- the modules LoRA adapts ----------------------------------------------------------------------------------
-def language_model_prefix(model) -> str:
-    """Qualified name of the language model inside an image-text-to-text model (``model.language_model``)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    for name, module in model.named_modules():
-        if decoder is not None and module is decoder and name:
-            return name
-    for name, _ in model.named_modules():
-        if name.split(".")[-1] == "language_model":
-            return name
-    raise AdapterError(f"{type(model).__name__}: cannot find its language model (no get_decoder(), no "
-                       "'language_model' submodule)")
-
-
-def language_model_linears(model) -> list[str]:
-    """Every ``nn.Linear`` of the language model, by qualified name (``lm_head`` is outside it)."""
-    import torch
-    prefix = language_model_prefix(model) + "."
-    names = [n for n, m in model.named_modules() if n.startswith(prefix) and isinstance(m, torch.nn.Linear)]
-    if not names:
-        raise AdapterError(f"{type(model).__name__}: the language model {prefix[:-1]!r} has no linear modules")
-    return names
-
-
-def lora_config(settings: LoraSettings, model):
-    from peft import LoraConfig
-    # An explicit list of full names (peft matches a name that equals or ends with an entry): exactly the
-    # language model's linears, recorded in adapter_config.json for the load-time check.
-    return LoraConfig(r=int(settings.r), lora_alpha=int(settings.alpha), lora_dropout=float(settings.dropout),
-                      bias="none", target_modules=language_model_linears(model), task_type="CAUSAL_LM")
-
-
 # --- examples and the label mask ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SFTExample:
@@ -130,16 +102,39 @@ def conversation(prompt: YesNoPrompt, question: str, answer: str | None) -> list
     return msgs
 
 
+# the image tokens FOCUS's collator masks (train_sft.py, collate_fn): Qwen's vision tokens, LLaVA's <image>, Gemma's
+# begin-of-image token, and the processor's image token
+FOCUS_IMAGE_TOKENS = ("<|image_pad|>", "<|vision_pad|>", "<|vision_start|>", "<|vision_end|>", "<image>")
+
+
+def image_token_ids(processor) -> list[int]:
+    """Token ids of the image placeholders and markers (what ``label_mask: full`` leaves out of the loss)."""
+    tok = getattr(processor, "tokenizer", processor)
+    vocab = tok.get_vocab()
+    names = list(FOCUS_IMAGE_TOKENS)
+    boi = getattr(tok, "boi_token", None) or tok.special_tokens_map.get("boi_token")
+    if isinstance(boi, str):
+        names.append(boi)
+    ids = {vocab[n] for n in names if n in vocab}
+    own = getattr(processor, "image_token_id", None)
+    if isinstance(own, int):
+        ids.add(own)
+    return sorted(ids)
+
+
 class SFTCollator:
     """Batches of :class:`SFTExample`: the processor's own batching (pixel values, image tokens) of the full
-    conversations, right-padded; labels = input ids with every prompt token (``label_mask='answer'``) and every
-    pad set to -100. The prompt is the conversation rendered with ``add_generation_prompt`` (what inference
-    feeds the model); its tokens must be a prefix of the full conversation's, or the collator refuses."""
+    conversations, right-padded; labels = input ids with every pad set to -100 and, under ``label_mask='answer'``
+    (ours), every prompt token; under ``'full'`` (FOCUS) the image tokens (:func:`image_token_ids`) and any token
+    equal to the pad id, so the loss covers every text token of prompt and answer. The prompt is the conversation
+    rendered with ``add_generation_prompt`` (what inference feeds the model); its tokens must be a prefix of the
+    full conversation's, or the collator refuses."""
 
     def __init__(self, processor, prompt: YesNoPrompt, label_mask: str = "answer"):
         if label_mask not in LABEL_MASKS:
             raise ValueError(f"label_mask must be one of {LABEL_MASKS}, got {label_mask!r}")
         self.processor, self.prompt, self.label_mask = processor, prompt, label_mask
+        self.masked_ids = image_token_ids(processor) if label_mask == "full" else []
 
     def texts(self, ex: SFTExample) -> tuple[str, str]:
         proc = self.processor
@@ -169,6 +164,11 @@ class SFTCollator:
                                  f"({n_head} prompt tokens, {n_full} in all): cannot mask the prompt")
             if self.label_mask == "answer":
                 labels[i, :n_head] = IGNORE_INDEX
+        if self.label_mask == "full":
+            import torch
+            pad = getattr(getattr(self.processor, "tokenizer", self.processor), "pad_token_id", None)
+            drop = self.masked_ids + ([int(pad)] if pad is not None else [])
+            labels[torch.isin(ids, torch.tensor(drop, dtype=ids.dtype))] = IGNORE_INDEX
         batch["labels"] = labels
         return dict(batch)
 
@@ -199,6 +199,31 @@ def _resolve_precision(settings: LoraSettings, device) -> tuple[bool, bool]:
     gc = settings.gradient_checkpointing
     gc = cuda if gc == "auto" else bool(gc)
     return bf16, gc
+
+
+def _memory(peft_model, collator: SFTCollator, first: Sequence[SFTExample], batch: int, world: int, device) -> dict:
+    """The per-process memory estimate (:mod:`retinabench.protocols.lora_memory`) from the first batch's longest
+    sequence and image tokens, and its log line."""
+    import torch
+
+    from retinabench.protocols.lora_memory import describe, memory_estimate
+    sample = collator(list(first))
+    seq_len = int(sample["attention_mask"].sum(dim=1).max())
+    ids = set(image_token_ids(collator.processor))
+    n_image = int(torch.isin(sample["input_ids"][0], torch.tensor(sorted(ids) or [-1])).sum())
+    vision = getattr(peft_model.config, "vision_config", None)
+    merge = int(getattr(vision, "spatial_merge_size", 1) or 1) ** 2
+    est = memory_estimate(peft_model, batch=batch, seq_len=seq_len, world_size=world, strategy="ddp",
+                          vision_tokens=n_image * merge)
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    total = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    line = describe(est, total)
+    if total and est["total_bytes"] > total:
+        sharded = memory_estimate(peft_model, batch=batch, seq_len=seq_len, world_size=world, strategy="fsdp",
+                                  vision_tokens=n_image * merge)
+        line += (f"; WARNING: more than the device holds (DDP keeps a full replica per process); FSDP full sharding "
+                 f"would need {sharded['total_bytes'] / 2 ** 30:.1f} GiB per process")
+    return {"estimate": est, "line": line}
 
 
 def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, out_dir: str | os.PathLike,
@@ -267,10 +292,16 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
         model.to(torch.bfloat16)
     model.config.use_cache = False
     torch.manual_seed(settings.seed)  # LoRA's A matrices are initialised from the global RNG
-    peft_model = get_peft_model(model, lora_config(settings, model))
+    peft_model = get_peft_model(model, lora_config(settings, model, entry))
+    for p in peft_model.parameters():  # what trains is fp32 (LoRA already is; FOCUS upcasts every weight)
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
     n_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     n_total = sum(p.numel() for p in peft_model.parameters())
     collator = SFTCollator(mllm.processor, prompt, settings.label_mask)
+    memory = _memory(peft_model, collator, examples[:batch], batch, world, mllm.device)
+    if state.is_main_process:
+        log(f"lora {mllm.name}: " + memory["line"])
     trainer = Trainer(model=peft_model, args=args, train_dataset=_ExampleDataset(examples), data_collator=collator,
                       callbacks=list(callbacks) or None)
     dev = mllm.device
@@ -302,7 +333,8 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
                "world_size": int(trainer.args.world_size), "n_examples": len(examples),
                "trainable_params": int(n_trainable), "total_params": int(n_total),
                "batch_size": batch, "grad_accum": accum, "effective_batch": batch * accum * world,
-               "bf16": bf16, "gradient_checkpointing": grad_ckpt, "final_loss": float(hist[-1]["loss"]) if hist else float("nan")}
+               "bf16": bf16, "gradient_checkpointing": grad_ckpt, "memory_estimate": memory["estimate"],
+               "final_loss": float(hist[-1]["loss"]) if hist else float("nan")}
     write_text_atomic(out / "compute.json", json.dumps(compute, indent=1))
     if not settings.keep_checkpoints:
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -312,5 +344,6 @@ def train_lora(mllm: MLLM, examples: Sequence[SFTExample], prompt: YesNoPrompt, 
             "task": (task or {}).get("name", prompt.task_name), "dataset": (task or {}).get("dataset")}
 
 
-__all__ = ["LABEL_MASKS", "PROTOCOL", "LoraSettings", "SFTCollator", "SFTExample", "conversation",
-           "language_model_linears", "language_model_prefix", "lora_config", "train_lora", "training_examples"]
+__all__ = ["LABEL_MASKS", "PROTOCOL", "LoraSettings", "SFTCollator", "SFTExample", "all_linears", "conversation",
+           "image_token_ids", "language_model_linears", "language_model_prefix", "lora_config", "modules_to_save",
+           "target_linears", "train_lora", "training_examples"]

@@ -107,11 +107,15 @@ class ComputeSettings(Section):
 
 
 LABEL_MASKS = ("answer", "full")  # answer: loss on the assistant turn only (default); full: FOCUS (whole prompt)
+LORA_TARGETS = ("language_model", "all_linear")  # ours | FOCUS (peft target_modules="all-linear")
+LORA_MODULES_TO_SAVE = ("none", "focus")  # focus: lm_head + embed_tokens trained in full (FOCUS's train_sft.py)
+EFFECTIVE_BATCH_RULES = ("keep", "per_process")  # ours (accumulation / W) | FOCUS (batch x accumulation x W)
 
 
 class LoraSettings(Section):
-    """LoRA training of one adapter (retinabench.protocols.lora); the defaults are FOCUS's: r 16, alpha 16,
-    dropout 0.05, 1 epoch, lr 2e-5, batch 4 x accumulation 4 (1 x 8 for the 27B size class)."""
+    """LoRA training of one adapter (retinabench.protocols.lora): r 16, alpha 16, dropout 0.05, 1 epoch, lr 2e-5,
+    batch 4 x accumulation 4 (1 x 8 for the 27B size class) as FOCUS's train_sft.py / run_sft.sh; targets,
+    modules_to_save, label_mask and effective_batch default to ours, `focus` values reproduce FOCUS."""
 
     r: PositiveInt = Field(16, description="LoRA rank")
     alpha: PositiveInt = Field(16, description="LoRA alpha (scaling alpha / r)")
@@ -138,13 +142,22 @@ class LoraSettings(Section):
     seed: int = Field(0, description="seed of LoRA's initialisation and the data order")
     prompt_set: str | None = Field(None, description="null: the prompt registry's default mllm set")
     label_mask: Literal["answer", "full"] = Field("answer", description="answer: loss on the assistant turn only; "
-                                                                        "full: the whole prompt (FOCUS)")
+                                                                        "full: every text token of the conversation, "
+                                                                        "image tokens and pads excluded (FOCUS)")
+    targets: Literal["language_model", "all_linear"] = Field(
+        "language_model", description="language_model: every nn.Linear of the language model; all_linear: every "
+                                      "linear module, vision tower and projector included, lm_head excluded (peft "
+                                      "target_modules='all-linear'; FOCUS)")
+    modules_to_save: Literal["none", "focus"] = Field(
+        "none", description="focus: lm_head and embed_tokens trained in full beside LoRA (FOCUS; not for a pure "
+                            "Llama model: a hub id with llama and without llava)")
     train_balanced: bool = Field(False, description="true: the balanced subset of the training split only")
     precision: Precision = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU")
     gradient_checkpointing: Auto | bool = Field("auto", description="auto: on CUDA only")
-    keep_effective_batch: bool = Field(
-        True, description="under W processes (one per GPU) divide the accumulation by W, so the effective batch "
-                          "stays FOCUS's batch x accumulation")
+    effective_batch: Literal["keep", "per_process"] = Field(
+        "keep", description="keep: under W processes (one per GPU) the accumulation is divided by W, so the effective "
+                            "batch stays batch x accumulation; per_process: every process runs batch x accumulation, "
+                            "effective batch x W (FOCUS: 4 x 4 x 4 GPUs = 64, 27B class 1 x 8 x 4 = 32)")
 
     def batching(self, entry: dict) -> tuple[int, int]:
         """(per-device batch, gradient accumulation) for an encoder entry: 1 x 8 for the 27B class."""
@@ -153,13 +166,13 @@ class LoraSettings(Section):
         return self.batch_size, self.grad_accum
 
     def per_process(self, entry: dict, world_size: int) -> tuple[int, int]:
-        """(per-device batch, accumulation) for one of ``world_size`` processes (see ``keep_effective_batch``)."""
+        """(per-device batch, accumulation) for one of ``world_size`` processes (see ``effective_batch``)."""
         batch, accum = self.batching(entry)
-        if world_size > 1 and self.keep_effective_batch:
+        if world_size > 1 and self.effective_batch == "keep":
             if accum % world_size:
                 raise ValueError(f"lora: gradient accumulation {accum} is not divisible by the {world_size} "
                                  "processes; the effective batch cannot be kept (set grad_accum to a multiple, or "
-                                 "keep_effective_batch: false for batch x accumulation x processes)")
+                                 "effective_batch: per_process for batch x accumulation x processes)")
             accum //= world_size
         return batch, accum
 
@@ -192,6 +205,10 @@ class LoraSection(Section):
                                                "mbrset_*] (FOCUS); a single name is a list of one")
     test_tasks: Auto | Annotated[list[str], Field(min_length=1)] = Field(
         "auto", description="auto: each source task + every grid task sharing its harmonised id (out-of-domain)")
+    unavailable: dict[str, dict[str, str]] = Field(
+        {}, description="{dataset: {harmonised id: why}}: a study's adapter sources / test sets this grid cannot run "
+                        "(no such task here); planned with test_tasks auto (a source when its dataset and harmonised "
+                        "id are a selected source's) and recorded as not run with the reason")
     gpus: PositiveInt = Field(4, description="a training job's GPUs (one process each); inference jobs take 1")
     processes: Auto | PositiveInt = Field("auto", description="training processes; auto: one per visible GPU, at "
                                                               "most gpus (1 on CPU); an int forces a process group")
