@@ -150,6 +150,9 @@ def test_the_focus_grid_plans_focus_36_in_domain_and_192_out_of_domain_evaluatio
     rows = lp.skipped()
     assert sum(r["n"] for r in rows) == 6 + 30 and all("cannot run" in r["reason"] for r in rows)
     assert any("increased_cdr" in r["reason"] and r["part"] == "mbrset_macula/gon -> mbrset_macula/gon" for r in rows)
+    # ... and they reach the skipped-analyses table's planned rows
+    planned = lp.core.analysis.skipped_params()["planned"]
+    assert [r for r in planned if r["output"] == "lora_table5" and "cannot run" in r["reason"]] == rows
     # every test task has the base model's result (the mllm interface runs all 18 tasks)
     assert not [q for q in lp.problems() if "pair with" in q]
     t = lp.train

@@ -4,6 +4,7 @@ inference path = the base path, and the paired-delta table with in-domain and ou
 (phantom -> phantom_siteb). One training run serves every test."""
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -406,3 +407,33 @@ def test_a_stale_checkpoint_of_other_settings_is_not_resumed(base, trained, tmp_
     rec = L.train_lora(_load(base), trained["examples"][:8], trained["prompt"], out,
                        L.LoraSettings(**{**FAST, "max_steps": 1}), entry=base[0], task=SOURCE, log=logs.append)
     assert rec["compute"]["resumed_from"] is None and any("starting over" in m for m in logs)
+
+
+def test_focus_variant_adapter_reloads_strictly_with_its_full_modules(world, prompts, base, tmp_path):
+    """FOCUS's variant (all linears incl. the vision tower, lm_head / embed_tokens trained in full) saves whole
+    modules beside the LoRA factors: the strict loader accepts exactly the config's modules_to_save, with the
+    model's shapes, and the reloaded adapter carries the trained full-module weights; a stray full tensor fails."""
+    from safetensors.torch import load_file, save_file
+
+    from retinabench.provenance import write_sidecar
+    torch.set_num_threads(1)
+    settings = L.LoraSettings(**{**FAST, "max_steps": 2}, targets="all_linear", modules_to_save="focus")
+    entry = dict(base[0], hub_id="llava-hf/llava-1.5-7b-hf")  # a LLaVA (not a pure Llama): FOCUS saves both modules
+    examples, prompt = L.training_examples(world["images"], world["ids"], world["manifest"],
+                                           world["splits"][SOURCE["name"]], SOURCE, prompts, settings)
+    rec = L.train_lora(_load(base), examples, prompt, tmp_path / "run", settings, entry=entry, task=SOURCE)
+    A.write_adapter_sidecar(rec["adapter"], rec)
+    adapter = Path(rec["adapter"])
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    full = sorted(k for k in saved if ".lora_" not in k)
+    assert any(k.endswith("lm_head.weight") for k in full) and any("embed_tokens" in k for k in full)
+    assert any("vision_tower" in k for k in saved if ".lora_" in k)
+    m = A.load_adapter(_load(base), adapter)
+    head = next(p for n, p in m.model.named_parameters() if "lm_head" in n and "modules_to_save" in n)
+    key = next(k for k in full if k.endswith("lm_head.weight"))
+    assert torch.equal(head.detach().to(saved[key].dtype), saved[key])
+    saved["base_model.model.model.language_model.norm.weight"] = torch.ones(8)
+    save_file(saved, str(adapter / "adapter_model.safetensors"))
+    write_sidecar(adapter, rule="test", extra=read_sidecar(adapter)["extra"])
+    with pytest.raises(A.AdapterError, match="neither a LoRA A/B weight nor a weight of the config's modules_to_save"):
+        A.load_adapter(_load(base), adapter)

@@ -129,6 +129,28 @@ def _check_base(info: AdapterInfo, mllm: MLLM) -> None:
                                        for f in differ))
 
 
+def _is_saved_module_tensor(stem: str, saved: list[str] | set[str] | None) -> bool:
+    """``stem`` (``<module>.<param>``) belongs to a module named by ``modules_to_save`` (peft matches the module
+    name or its last components, as ``ModulesToSaveWrapper`` does)."""
+    module = stem.rsplit(".", 1)[0]
+    return any(module == m or module.endswith("." + m) for m in (saved or []))
+
+
+def _check_saved_modules(d: Path, model, full: dict[str, tuple], saved: list[str] | set[str] | None) -> None:
+    """Every parameter of every module the config saves in full is in the file, with the model's shape, and
+    nothing else is."""
+    params = dict(model.named_parameters(remove_duplicate=False))  # a tied lm_head is saved under its own name
+    want = {n: tuple(p.shape) for n, p in params.items() if _is_saved_module_tensor(n, saved)}
+    if set(full) != set(want):
+        raise AdapterError(f"adapter {d}: modules_to_save {list(saved or [])}: the model has {len(want)} such "
+                           f"parameters, the file {len(full)} (missing: {sorted(set(want) - set(full))[:3]}, "
+                           f"not in the model: {sorted(set(full) - set(want))[:3]})")
+    bad = sorted(n for n in full if full[n] != want[n])
+    if bad:
+        raise AdapterError(f"adapter {d}: saved module weight {bad[0]!r} has shape {full[bad[0]]}, the model's is "
+                           f"{want[bad[0]]}")
+
+
 def _check_modules(d: Path, model) -> dict:
     """Every LoRA tensor of the file maps onto a linear module of ``model`` with matching shapes, and the
     modules the config targets are exactly those the file has weights for. Runs before the model is touched."""
@@ -149,6 +171,7 @@ def _check_modules(d: Path, model) -> dict:
         for k in f.keys():
             tensors[k] = tuple(f.get_slice(k).get_shape())
     by_module: dict[str, dict[str, tuple]] = {}
+    full: dict[str, tuple] = {}  # modules_to_save: whole modules trained in full (FOCUS's lm_head / embed_tokens)
     for key, shape in tensors.items():
         stem = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
         for part in (".lora_A.weight", ".lora_B.weight"):
@@ -156,8 +179,12 @@ def _check_modules(d: Path, model) -> dict:
                 by_module.setdefault(stem[: -len(part)], {})[part[1:7]] = shape
                 break
         else:
-            raise AdapterError(f"adapter {d}: tensor {key!r} is not a LoRA A/B weight (bias, DoRA or embedding "
-                               "adapters are not what retinabench trains)")
+            if not _is_saved_module_tensor(stem, cfg.modules_to_save):
+                raise AdapterError(f"adapter {d}: tensor {key!r} is neither a LoRA A/B weight nor a weight of the "
+                                   f"config's modules_to_save {list(cfg.modules_to_save or [])} (bias, DoRA or "
+                                   "embedding adapters are not what retinabench trains)")
+            full[stem] = shape
+    _check_saved_modules(d, model, full, cfg.modules_to_save)
     lacking = sorted(m for m in by_module if m not in modules)
     if lacking:
         raise AdapterError(f"adapter {d}: {len(lacking)} adapted modules do not exist in {type(model).__name__}, "

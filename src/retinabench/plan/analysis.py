@@ -84,7 +84,10 @@ class AnalysisPlan:
 
     def skipped_params(self) -> dict:
         rel = self.reliability
-        return {"planned": self.planned_skips + rel.skipped() + skip_table.optional_layers(self.core.config),
+        # the LoRA grid's planned evaluations that cannot run (lora.unavailable), each with its reason
+        lora_skips = self.core.lora.skipped() if hasattr(self.core, "lora") else []
+        return {"planned": (self.planned_skips + rel.skipped() + lora_skips
+                            + skip_table.optional_layers(self.core.config)),
                 "figure_tables": {f: f"{rel.figure_dir(f)}/skipped.csv" for f in rel.figure_names()},
                 "produced": self.produced()}
 
