@@ -22,4 +22,5 @@ def read_manifests(paths: str | Sequence[str]) -> pd.DataFrame:
 def family_attributes(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.stats.attributes import attribute_distribution, attribute_latex
     table = attribute_distribution(inputs["manifests"], ctx.attributes)
-    return [_write_csv(table, out["csv"]), _write_text(attribute_latex(table), out["tex"])]
+    return [_write_csv(table, out["attributes_csv"]),
+            _write_text(attribute_latex(table), out["attributes_tex"])]

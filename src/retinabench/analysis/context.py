@@ -326,7 +326,7 @@ _TABLE = (
            _RPH, ("top_k", "subsets"), report=(Report("png", "top_k", LEAKAGE, "Top encoders"),
                                                Report("png_oct", "top_k_oct", LEAKAGE, "Top encoders"))),
     Family("attributes", "attribute_table", "family_attributes", ("manifests",), context=("attributes",),
-           report=(Report("csv", "attribute_distribution", FAIRNESS, "Sensitive attributes"),)),
+           report=(Report("attributes_csv", "attribute_distribution", FAIRNESS, "Sensitive attributes"),)),
     Family("fairness", "fairness", "family_fairness", ("subgroups",), ("domain",), context=_RPH,
            settings=("split", "subgroup_pairs"), report=(Report("png", "subgroup_accuracy", FAIRNESS, "Subgroups"),)),
     Family("sensitivity", "lr_sensitivity", "family_sensitivity", ("lr_sweep", "ranks"),

@@ -152,7 +152,7 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
     if top:
         out["top_k"] = top
     if ctx.attributes and ctx.datasets:  # OcularBench Table 1: sensitive attributes per dataset
-        out["attributes"] = {ext: P.path("report_table", table="attribute_distribution", ext=ext)
+        out["attributes"] = {f"attributes_{ext}": P.path("report_table", table="attribute_distribution", ext=ext)
                              for ext in ("csv", "tex")}
     else:
         skip("attribute_distribution", "no fairness attribute of reliability.attributes is named in "

@@ -51,7 +51,7 @@ def attribute_latex(table: pd.DataFrame) -> str:
     """Table 1 as booktabs LaTeX: one row per dataset, per attribute group ``n (percent %)``, and the images with
     the attribute unknown."""
     from retinabench.stats.tables import latex_escape
-    groups = list(dict.fromkeys(zip(table["attribute"], table["group"])))
+    groups = [ag for ag in dict.fromkeys(zip(table["attribute"], table["group"])) if ag[1] != "unknown"]
     attributes = list(dict.fromkeys(table["attribute"]))
     cell = {(r.dataset, r.attribute, r.group): r for r in table.itertuples(index=False)}
     header = " & ".join(latex_escape(f"{a}: {g}") for a, g in groups)
