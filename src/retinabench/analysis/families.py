@@ -225,19 +225,21 @@ def family_top_k(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.figures.bars import top_k_panels
     from retinabench.stats.leakage import high_leakage_datasets, top_k
     ranks = inputs["ranks"]
-    high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
-    clean = sorted(t for t, m in ctx.tasks.items() if m["dataset"] not in high)
     k = int(ctx.settings["top_k"])
-    modalities = list(ctx.settings["subsets"]["modality"])
-    table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
-                  regime=ctx.regime, modalities=modalities)
-    titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}
-    paths = [_write_csv(table.assign(excluded_datasets=",".join(sorted(high)),
-                                     protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"])]
-    excluded = ", ".join(sorted(high)) or "none"
-    paths += top_k_panels(table, ctx.encoders, out["png"], titles=titles,
-                          title=f"Top {k} by mean rank, high-leakage datasets excluded ({excluded}); "
-                                f"{ctx.protocol_label}, {_metric_title(ctx, ctx.metric)}")
+    paths: list[str] = []
+    if "png" in out:  # the top k once high-leakage datasets are excluded: all tasks, each modality
+        high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
+        clean = sorted(t for t, m in ctx.tasks.items() if m["dataset"] not in high)
+        modalities = list(ctx.settings["subsets"]["modality"])
+        table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
+                      regime=ctx.regime, modalities=modalities)
+        titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}
+        paths.append(_write_csv(table.assign(excluded_datasets=",".join(sorted(high)),
+                                             protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"]))
+        excluded = ", ".join(sorted(high)) or "none"
+        paths += top_k_panels(table, ctx.encoders, out["png"], titles=titles,
+                              title=f"Top {k} by mean rank, high-leakage datasets excluded ({excluded}); "
+                                    f"{ctx.protocol_label}, {_metric_title(ctx, ctx.metric)}")
     if "png_oct" in out:  # OcularBench's OCT panel: every OCT task, leakage not excluded
         oct_tasks = sorted(t for t, m in ctx.tasks.items() if m["modality"] == OCT_PANEL)
         oct_table = top_k(ranks, ctx.tasks, oct_tasks, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
