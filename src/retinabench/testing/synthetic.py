@@ -16,9 +16,10 @@ from retinabench.regimes import Regime
 from retinabench.schemas import METRICS
 DOMAINS = ("natural", "cfp", "oct", "cfp+oct", "pathology", "radiology", "none")
 # (method, method_group, pretraining_data)
-METHODS = (("supervised", "supervised", ["imagenet-1k"]), ("MAE", "masked_modelling", ["meh-midas-cfp"]),
-           ("DINOv2 self-distillation", "self_distillation", ["lvd-142m"]), ("CLIP", "image_text", ["wit-400m"]),
-           ("random initialisation", "none", []))
+METHODS: tuple[tuple[str, str, list[str]], ...] = (
+    ("supervised", "supervised", ["imagenet-1k"]), ("MAE", "masked_modelling", ["meh-midas-cfp"]),
+    ("DINOv2 self-distillation", "self_distillation", ["lvd-142m"]), ("CLIP", "image_text", ["wit-400m"]),
+    ("random initialisation", "none", []))
 FAMILIES = ("dr_staging", "glaucoma", "dme", "amd", "myopia")
 SIZE_OF_PARAMS = {5.5: "tiny", 22.0: "small", 86.6: "base", 303.3: "large", 632.0: "huge"}
 
