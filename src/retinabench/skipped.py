@@ -33,12 +33,13 @@ LORA = "9. LoRA fine-tuning of MLLMs"   # opt-in (config `lora:`), workflow/rule
 # Report section of every figure and report table (workflow/rules/*.smk use it for the report's categories).
 SECTIONS: dict[str, str] = {
     "rank_distribution": RANKING, "cd_diagram": RANKING, "ranking_table": RANKING, "appendix_table": RANKING,
-    "baselines": RANKING,
+    "baselines": RANKING, "rank_distribution_linear_probe": RANKING, "cd_diagram_linear_probe": RANKING,
     "protocol_rank_heatmap": PROTOCOLS, "spearman_protocols": PROTOCOLS, "spearman_regimes": PROTOCOLS,
-    "srd_protocols": PROTOCOLS, "ft_lp_gap": PROTOCOLS,
+    "srd_protocols": PROTOCOLS, "ft_lp_gap": PROTOCOLS, "protocol_rank_heatmap_extended": PROTOCOLS,
+    "spearman_protocols_extended": PROTOCOLS, "srd_protocols_extended": PROTOCOLS,
     "srd_subsets": SUBSETS, "subset_ranks": SUBSETS,
-    "leakage_rank_change": LEAKAGE, "top_k": LEAKAGE,
-    "subgroup_accuracy": FAIRNESS, "fairness_gaps": FAIRNESS, "subgroup_scatter": FAIRNESS,
+    "leakage_rank_change": LEAKAGE, "top_k": LEAKAGE, "top_k_oct": LEAKAGE,
+    "attribute_distribution": FAIRNESS, "subgroup_accuracy": FAIRNESS, "fairness_gaps": FAIRNESS, "subgroup_scatter": FAIRNESS,
     "lr_sensitivity": SENSITIVITY, "srd_lr": SENSITIVITY, "lr_transfer": SENSITIVITY,
     "reliability_diagrams": RELIABILITY, "transfer": RELIABILITY,
     "skipped_analyses": SKIPPED_SECTION, "saliency": SALIENCY_COMPUTE, "compute": SALIENCY_COMPUTE,

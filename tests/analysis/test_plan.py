@@ -37,7 +37,7 @@ def context(config: dict) -> AnalysisContext:
 def test_phantom_demo_families():
     out = families(load_config())
     assert set(out) == {"ranks", "rank_figures", "tables", "cd", "protocol_heatmap", "agreement", "distance",
-                        "subsets", "top_k", "fairness"}
+                        "subsets", "top_k", "attributes", "fairness"}
     # the fairness scatter is on by default: it reads the reliability layer's subgroup table, no path to set
     ctx = context(load_config())
     assert family_inputs("fairness", "R", ctx) == {"subgroups": "R/reliability/subgroup_metrics.parquet"}
@@ -49,6 +49,16 @@ def test_phantom_demo_families():
     assert set(out["cd"]) >= {"friedman", "nemenyi", "png", "pdf", "png_balanced_accuracy", "png_auroc"}
     # phantom: one low-risk dataset nobody saw -> re-ranking would change nothing -> no leakage figure
     assert "leakage" not in out and "ft_lp" not in out and "sensitivity" not in out
+    # fewer than two of the paper's protocols ranked (knn only): the protocol figures show every ranked protocol, no
+    # extended twin; no linear_aug ranked: no Fig. 4 / A.3
+    assert ctx.protocol_sets == {"": ["knn", "linear", "logreg"]}
+    assert "png_extended" not in out["protocol_heatmap"] and "png_linear_probe" not in out["rank_figures"]
+    # Table 1 from the phantom's manifest, with the fairness analysis' binarisation of age and sex
+    assert out["attributes"] == {"attributes_csv": "R/tables/attribute_distribution.csv",
+                                 "attributes_tex": "R/tables/attribute_distribution.tex"}
+    assert family_inputs("attributes", "R", ctx) == {"manifests": [f"R/data/{d}/manifest.parquet" for d in ctx.datasets]}
+    assert ctx.attributes == [{"name": "age", "column": "age", "cut": 60, "groups": None},
+                              {"name": "sex", "column": "sex", "cut": None, "groups": ["female", "male"]}]
 
 
 def test_two_encoders_have_no_rank_tests():
@@ -59,7 +69,9 @@ def test_two_encoders_have_no_rank_tests():
 
 def test_tvhl_like_config_has_no_top_k_after_excluding_its_high_risk_dataset():
     out = families(load_config({"datasets": ["tvhl"], "encoders": ["efficientnet_lite0_in1k", "resnet18_random"]}))
-    assert "top_k" not in out and "leakage" not in out and "cd" not in out
+    assert "leakage" not in out and "cd" not in out
+    # its OCT tasks still have the paper's OCT panel (every OCT task, leakage not excluded); no leakage-free top-k
+    assert set(out["top_k"]) == {"table_oct", "png_oct", "pdf_oct"}
     assert {"ranks", "rank_figures", "tables", "protocol_heatmap", "distance", "subsets"} <= set(out)
 
 
@@ -145,14 +157,17 @@ def test_each_job_gets_only_what_its_family_reads():
     p = plan(config)
     ctx = AnalysisContext.from_config(config, p.registries, encoders=p.encoders, tasks=p.tasks, datasets=p.datasets)
     cd = ctx.params_for("cd")
-    assert set(cd["settings"]) == {"alternative_metrics", "alpha"} and "tasks" not in cd
+    assert set(cd["settings"]) == {"alternative_metrics", "alpha", "linear_protocol", "finetune_protocol"}
+    assert "tasks" not in cd
     assert set(next(iter(cd["encoders"].values()))) == {"domain"}
     assert "alpha" not in ctx.params_for("subsets")["settings"]
     restored = AnalysisContext.from_params(ctx.params_for("subsets"))
     with pytest.raises(KeyError, match="'top_k' was not passed to this job"):
         restored.settings["top_k"]
     assert set(FAMILIES) == {"ranks", "rank_figures", "tables", "cd", "protocol_heatmap", "agreement", "distance",
-                             "subsets", "leakage", "top_k", "ft_lp", "fairness", "sensitivity", "lr_transfer"}
+                             "subsets", "leakage", "top_k", "attributes", "ft_lp", "fairness", "sensitivity",
+                             "lr_transfer"}
+    assert ctx.params_for("attributes") == {"attributes": ctx.attributes, "settings": {}}
 
 
 def test_each_family_is_one_declared_record():
@@ -169,4 +184,42 @@ def test_each_family_is_one_declared_record():
         assert family_functions.family_function(name).__name__ == family.function
         assert STAGES.get(family.rule).__name__ == f"stage_{name}"
         keys = [r.key for r in family.report]
-        assert len(set(keys)) == len(keys) and all(k.startswith(("png", "ranking", "appendix")) for k in keys)
+        assert len(set(keys)) == len(keys) and all(k.startswith(("png", "ranking", "appendix", "attributes")) for k in keys)
+
+
+def test_ocularbench_plans_the_papers_figures_and_tables():
+    """config/ocularbench.yaml (merged over config/config.yaml as the CLI does) plans Fig. 4, Fig. A.3, Table 1 and
+    the OCT top-k panel; its protocol figures show the paper's three protocols, the cached `linear` probe only in the
+    extended twins; the groups are the paper's."""
+    from snakemake.utils import update_config
+
+    from retinabench.stats.groups import domain_group
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    update_config(config, yaml.safe_load((REPO / "config/ocularbench.yaml").read_text()))
+    config["registries"] = {k: str(REPO / v) for k, v in config["registries"].items()}
+    ctx = context(config)
+    skipped: list = []
+    out = analysis_outputs(ctx, "R", skipped)
+    assert out["rank_figures"]["png_linear_probe"] == "R/figures/rank_distribution_linear_probe.png"   # Fig. 4
+    assert out["cd"]["png_linear_probe"] == "R/figures/cd_diagram_linear_probe.png"                   # Fig. A.3
+    assert out["attributes"]["attributes_csv"] == "R/tables/attribute_distribution.csv"                         # Table 1
+    assert out["top_k"]["png_oct"] == "R/figures/top_k_oct.png" and out["top_k"]["table_oct"] == "R/analysis/top_k_oct.csv"
+    assert ctx.linear_probe == "linear_aug" and ctx.analysis_protocol["protocol"] == "finetune"
+    # paper figures: kNN, linear probe (linear_aug), fine-tuning; the cached `linear` probe goes to *_extended
+    assert set(ctx.protocol_sets[""]) == {"knn", "linear_aug", "finetune"}
+    assert ctx.protocol_sets["_extended"] == ctx.protocols and "linear" in ctx.protocols
+    for family, key in (("protocol_heatmap", "png_extended"), ("agreement", "png_protocols_extended"),
+                        ("distance", "png_protocols_extended")):
+        assert out[family][key].endswith("_extended.png")
+    planned = {Path(p).name for fam in out.values() for p in fam.values()}
+    assert {"rank_distribution_linear_probe.pdf", "cd_diagram_linear_probe.pdf", "attribute_distribution.tex",
+            "top_k_oct.pdf", "srd_protocols_extended.png"} <= planned
+    assert not [r for r in skipped if r["output"] in ("rank_distribution_linear_probe", "cd_diagram_linear_probe",
+                                                      "attribute_distribution", "top_k_oct")]
+    # every OCT task is in the OCT panel's family (not only the ones left after excluding leaked datasets)
+    assert sum(m["modality"] == "oct" for m in ctx.tasks.values()) >= 3
+    # the paper's groups: "other" holds the untrained and the chest-x-ray encoders
+    groups = {e: domain_group(m["domain"]) for e, m in ctx.encoders.items()}
+    assert {e for e, g in groups.items() if g == "other"} == {"resnet50_random", "rad_dino"}
+    assert {m["method_group"] for m in ctx.encoders.values()} == {"supervised", "self_distillation",
+                                                                  "masked_modelling", "image_text", "none"}

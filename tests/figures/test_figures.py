@@ -17,6 +17,15 @@ from retinabench.testing.synthetic import (synthetic_baselines, synthetic_metric
 ANALYSIS_DEFAULTS = AnalysisSettings().plain()
 
 PROTOCOLS = ["knn", "linear", "linear_aug", "finetune"]
+ATTRIBUTES = [{"name": "age", "column": "age", "cut": 60, "groups": None},
+              {"name": "sex", "column": "sex", "cut": None, "groups": ["female", "male"]}]
+
+
+def synthetic_manifests(datasets, n: int = 20):
+    """Manifest rows (dataset, image_id, age, sex) for Table 1; a few unknown values."""
+    rows = [{"image_id": f"{d}_{i}", "dataset": d, "age": None if i % 7 == 0 else 40.0 + i * 2,
+             "sex": None if i % 9 == 0 else ("female" if i % 2 else "male")} for d in datasets for i in range(n)]
+    return pd.DataFrame(rows)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +38,10 @@ def study():
                           regimes=["u-u", "b-b"], ranking={"metric": "accuracy", "regime": "u-u"},
                           settings=settings, lr_source="sweep/lr_sensitivity.parquet",
                           lr_grid="sweep/lr_sweep_metrics.parquet", subgroup_source="reliability/subgroups.parquet",
-                          sweep_tasks={"sweep": "task00", "check": "task01"})
+                          sweep_tasks={"sweep": "task00", "check": "task01"}, attributes=ATTRIBUTES)
     tables = {"metrics": metrics, "subgroups": synthetic_subgroups(metrics[metrics["protocol"] == "finetune"]),
-              "lr_sweep": sensitivity, "lr_grid": grid, "baselines": synthetic_baselines(tasks)}
+              "lr_sweep": sensitivity, "lr_grid": grid, "baselines": synthetic_baselines(tasks),
+              "manifests": synthetic_manifests(datasets)}
     return ctx, tables
 
 
@@ -80,10 +90,23 @@ def test_every_family_writes_png_pdf_and_tables(study, tmp_path_factory):
     ft_pairs = dist[(dist["family"] == "protocols") & dist["name"].str.contains("finetune")]
     assert set(ft_pairs["reference"]) == {"finetune"}
     kw = pd.read_csv(outputs["distance"]["kruskal"])
-    assert set(kw["group_by"]) == {"domain", "method"}
-    assert kw.loc[kw["group_by"] == "method", "p"].between(0, 1).all()  # 5 methods for 7 encoders
-    by_domain = kw[kw["group_by"] == "domain"]  # 7 encoders, 7 domains: one per group, KW undefined (noted)
-    assert by_domain["p"].isna().all() and (by_domain["note"] == "one encoder per group: test undefined").all()
+    assert set(kw["group_by"]) == {"domain_group", "method_group"}
+    assert kw.loc[kw["group_by"] == "method_group", "p"].between(0, 1).all()  # 5 method groups for 7 encoders
+    # 7 encoders of 7 domains: the paper's groups (retinal 3, other 2: radiology and untrained, natural, pathology)
+    # leave groups of more than one encoder, so the test is defined
+    by_domain = kw[kw["group_by"] == "domain_group"]
+    assert by_domain["p"].between(0, 1).all()
+    assert set(by_domain["groups"]) == {"retinal (n=3); other (n=2); natural (n=1); pathology (n=1)"}
+    # the paper's figures: Fig. 4 / A.3 under the paper's linear probe, Table 1, the OCT panel, and the cached
+    # `linear` probe only in the extended protocol figures
+    assert {"png_linear_probe"} <= set(outputs["rank_figures"]) and "png_linear_probe" in outputs["cd"]
+    paper_pairs = set(dist.loc[dist["family"] == "protocols", "name"])
+    assert "linear_aug vs linear" in paper_pairs  # the table keeps every pair; the paper figure leaves it out
+    table1 = pd.read_csv(outputs["attributes"]["attributes_csv"])
+    assert set(table1["dataset"]) == set(ctx.datasets) and set(table1["attribute"]) == {"age", "sex"}
+    oct_top = pd.read_csv(outputs["top_k"]["table_oct"])
+    assert set(oct_top["panel"]) == {"oct"}
+    assert oct_top["n_tasks"].iloc[0] == sum(m["modality"] == "oct" for m in ctx.tasks.values())
     leak = pd.read_csv(outputs["leakage"]["table"])
     assert set(leak["subset"]) == {"no_known_exposure", "low_risk"}
     assert (leak.groupby("subset")["position_change"].sum().abs() < 1e-9).all()  # positions are a permutation
@@ -176,10 +199,10 @@ def test_distance_figure_draws_group_means_with_encoders_as_points(captured, tmp
 
     from retinabench.figures.bars import distance_bars
     from retinabench.stats.distance import distance_rows, kruskal_table, with_groups
-    domains = {"n1": "natural", "n2": "natural", "n3": "natural", "c1": "cfp", "c2": "cfp", "o1": "oct"}
-    encoders = {e: {"domain": d, "method": "m"} for e, d in domains.items()}
-    r_ref = pd.Series({"n1": 1.0, "n2": 2.0, "n3": 3.0, "c1": 4.0, "c2": 5.0, "o1": 6.0})
-    r_cmp = pd.Series({"n1": 3.0, "n2": 4.0, "n3": 2.0, "c1": 1.0, "c2": 6.0, "o1": 5.0})
+    domains = {"n1": "natural", "n2": "natural", "n3": "natural", "c1": "cfp", "c2": "oct", "x1": "radiology"}
+    encoders = {e: {"domain": d, "method": "m", "method_group": "supervised"} for e, d in domains.items()}
+    r_ref = pd.Series({"n1": 1.0, "n2": 2.0, "n3": 3.0, "c1": 4.0, "c2": 5.0, "x1": 6.0})
+    r_cmp = pd.Series({"n1": 3.0, "n2": 4.0, "n3": 2.0, "c1": 1.0, "c2": 6.0, "x1": 5.0})
     dist = with_groups(distance_rows("finetune vs linear_aug", "protocols", "finetune", "linear_aug", r_ref, r_cmp,
                                      "positive = better relative rank under linear_aug than under finetune"),
                        encoders)
@@ -187,14 +210,14 @@ def test_distance_figure_draws_group_means_with_encoders_as_points(captured, tmp
     distance_bars(dist, kw, encoders, tmp_path / "srd.png", title="t")
     ax = captured[-1].axes[0]
     labels = [t.get_text().split(" (")[0] for t in ax.get_xticklabels()]
-    assert labels == ["natural", "cfp", "oct"]  # largest group first
+    assert labels == ["natural", "retinal", "other"]  # the paper's groups (cfp + oct: retinal), largest first
     heights = [p.get_height() for p in ax.patches]
     d = dist.set_index("encoder")["distance"]
-    assert heights == pytest.approx([d[["n1", "n2", "n3"]].mean(), d[["c1", "c2"]].mean(), d["o1"]])
+    assert heights == pytest.approx([d[["n1", "n2", "n3"]].mean(), d[["c1", "c2"]].mean(), d["x1"]])
     points = sorted(y for c in ax.collections for _, y in c.get_offsets())
     assert points == pytest.approx(sorted(d.to_numpy()))  # every encoder overlaid
     assert d["n1"] == pytest.approx(-2 / math.sqrt(2))
-    p = kw.set_index("group_by").loc["domain", "p"]
+    p = kw.set_index("group_by").loc["domain_group", "p"]
     assert f"Kruskal–Wallis across pretraining domain: p = {p:.3f}" in ax.get_title()
     assert "better relative rank under linear_aug" in ax.get_ylabel()
 

@@ -11,8 +11,10 @@ from retinabench.stats.agreement import agreement_table, spearman, spearman_matr
 from retinabench.stats.distance import (distance_table, kruskal_by_group, kruskal_table, protocol_comparisons,
                                         signed_rank_distance, subset_comparisons)
 
-ENCODERS = {"a": {"domain": "natural", "method": "supervised"}, "b": {"domain": "cfp", "method": "MAE"},
-            "c": {"domain": "cfp", "method": "MAE"}, "d": {"domain": "natural", "method": "MAE"}}
+ENCODERS = {"a": {"domain": "natural", "method": "supervised", "method_group": "supervised"},
+            "b": {"domain": "cfp", "method": "MAE", "method_group": "masked_modelling"},
+            "c": {"domain": "oct", "method": "MAE", "method_group": "masked_modelling"},
+            "d": {"domain": "natural", "method": "MAE", "method_group": "masked_modelling"}}
 
 
 def test_signed_rank_distance_by_hand():
@@ -74,10 +76,17 @@ def test_distance_and_kruskal_tables(ranks_from):
     assert table.set_index("encoder").loc["c", ["rank_reference", "rank_comparison"]].tolist() == [1.5, 3.5]
     assert table.set_index("encoder")["domain"].to_dict() == {e: m["domain"] for e, m in ENCODERS.items()}
     assert set(table["meaning"]) == {"positive = better relative rank under knn than under linear"}
+    # the paper's groups: cfp and oct encoders are one retinal group
+    assert table.set_index("encoder")["domain_group"].to_dict() == {"a": "natural", "b": "retinal", "c": "retinal",
+                                                                   "d": "natural"}
     kw = kruskal_table(table).set_index("group_by")
-    ref = stats.kruskal([d["a"], d["d"]], [d["b"], d["c"]])  # natural vs cfp
-    assert kw.loc["domain", "H"] == pytest.approx(ref.statistic) and kw.loc["domain", "p"] == pytest.approx(ref.pvalue)
-    assert kw.loc["domain", "reference"] == "linear" and kw.loc["domain", "comparison"] == "knn"
+    assert set(kw.index) == {"domain_group", "method_group"}
+    ref = stats.kruskal([d["a"], d["d"]], [d["b"], d["c"]])  # natural vs retinal
+    assert kw.loc["domain_group", "H"] == pytest.approx(ref.statistic)
+    assert kw.loc["domain_group", "p"] == pytest.approx(ref.pvalue)
+    assert kw.loc["domain_group", "reference"] == "linear" and kw.loc["domain_group", "comparison"] == "knn"
+    # groups listed largest first: three masked-modelling encoders, then the supervised one
+    assert kw.loc["method_group", "groups"] == "masked_modelling (n=3); supervised (n=1)"
 
 
 def test_finetune_is_the_reference_whatever_the_config_order(ranks_from):

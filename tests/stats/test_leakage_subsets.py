@@ -1,8 +1,9 @@
 """Leakage re-ranking and subset rankings on small hand tables."""
 import pytest
 
-from retinabench.stats.leakage import (exposed_datasets, exposure_likelihood, high_leakage_datasets,
-                                       informative_subsets, leakage_rerank, leakage_subsets, top_k)
+from retinabench.stats.leakage import (exposed_datasets, exposure_assessment, exposure_likelihood,
+                                       high_leakage_datasets, informative_subsets, leakage_rerank, leakage_subsets,
+                                       top_k)
 from retinabench.stats.subsets import subset_rankings, task_subsets
 
 # dsA: low risk but encoder e1 saw it in pretraining; dsB: freely downloadable (high risk); dsC: clean.
@@ -12,9 +13,9 @@ TASKS = {"tA": {"dataset": "dsA", "modality": "cfp", "family": "dr_staging"},
          "tB": {"dataset": "dsB", "modality": "cfp", "family": "glaucoma"},
          "tC1": {"dataset": "dsC", "modality": "oct", "family": "dme"},
          "tC2": {"dataset": "dsC", "modality": "cfp", "family": "dr_staging"}}
-ENCODERS = {"e1": {"domain": "cfp", "exposure": ["dsA", "eyepacs"]},
-            "e2": {"domain": "oct", "exposure": []},
-            "e3": {"domain": "natural", "exposure": []}}
+ENCODERS = {"e1": {"domain": "cfp", "exposure": ["dsA", "eyepacs"], "pretraining_data": ["meh-midas-cfp", "eyepacs"]},
+            "e2": {"domain": "natural", "exposure": [], "pretraining_data": ["lvd-142m"]},
+            "e3": {"domain": "cfp", "exposure": [], "pretraining_data": ["shanghai-cfp"]}}
 # Per-task order (best first): e1 wins the exposed and the high-risk task, loses the clean ones.
 SCORES = {"tA": {"e1": 0.9, "e2": 0.8, "e3": 0.7}, "tB": {"e1": 0.9, "e2": 0.7, "e3": 0.8},
           "tC1": {"e1": 0.6, "e2": 0.9, "e3": 0.8}, "tC2": {"e1": 0.7, "e2": 0.8, "e3": 0.9}}
@@ -22,7 +23,9 @@ SCORES = {"tA": {"e1": 0.9, "e2": 0.8, "e3": 0.7}, "tB": {"e1": 0.9, "e2": 0.7, 
 
 def test_exposure_and_subsets():
     assert exposed_datasets(ENCODERS, list(DATASETS)) == {"e1": ["dsA"], "e2": [], "e3": []}  # eyepacs not here
-    assert exposure_likelihood(ENCODERS, DATASETS) == {"e1": "known", "e2": "possible", "e3": "unlikely"}
+    # web-scale pretraining is "likely" exposure, a retinal encoder on institutional data "unlikely"
+    assert exposure_likelihood(ENCODERS, DATASETS) == {"e1": "known", "e2": "likely", "e3": "unlikely"}
+    # without a freely downloadable dataset in the benchmark, web-scale pretraining cannot have seen it
     assert exposure_likelihood(ENCODERS, {k: DATASETS[k] for k in ("dsA", "dsC")})["e2"] == "unlikely"
     subsets = leakage_subsets(TASKS, ENCODERS, DATASETS)
     assert subsets == {"no_known_exposure": ["tB", "tC1", "tC2"], "low_risk": ["tA", "tC1", "tC2"]}
@@ -37,7 +40,7 @@ def test_leakage_rerank_by_hand(ranks_from):
     # low risk (tA, tC1, tC2): e1 1,3,3 = 7/3; e2 2,1,2 = 5/3; e3 3,2,1 = 2 -> positions 3, 1, 2
     subsets = leakage_subsets(TASKS, ENCODERS, DATASETS)
     out = leakage_rerank(ranks, subsets, metric="accuracy", protocol="linear", regime="u-u",
-                         likelihood=exposure_likelihood(ENCODERS, DATASETS),
+                         likelihood=exposure_assessment(ENCODERS, DATASETS),
                          exposure=exposed_datasets(ENCODERS, list(DATASETS))).set_index(["subset", "encoder"])
     assert out.loc[("no_known_exposure", "e1"), "mean_rank_all"] == pytest.approx(2.0)
     assert out.loc[("no_known_exposure", "e1"), "mean_rank_subset"] == pytest.approx(7 / 3)

@@ -24,12 +24,17 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 REPORT_DIR = REPO / "workflow" / "report"
 # Tables shown in the report, and the caption each uses (figures use the caption named like the figure).
-TABLE_CAPTIONS = {"ranking_csv": "ranking_table", "appendix_csv": "appendix_table"}
+TABLE_CAPTIONS = {"ranking_csv": "ranking_table", "appendix_csv": "appendix_table",
+                  "attributes_csv": "attribute_distribution"}
 SECTIONS = {"rank_distribution": "1. Ranking", "cd_diagram": "1. Ranking", "ranking_table": "1. Ranking",
-            "appendix_table": "1. Ranking", "protocol_rank_heatmap": "2. Protocols",
+            "appendix_table": "1. Ranking", "rank_distribution_linear_probe": "1. Ranking",
+            "cd_diagram_linear_probe": "1. Ranking", "protocol_rank_heatmap": "2. Protocols",
             "spearman_protocols": "2. Protocols", "spearman_regimes": "2. Protocols", "srd_protocols": "2. Protocols",
+            "protocol_rank_heatmap_extended": "2. Protocols", "spearman_protocols_extended": "2. Protocols",
+            "srd_protocols_extended": "2. Protocols",
             "ft_lp_gap": "2. Protocols", "srd_subsets": "3. Subsets", "subset_ranks": "3. Subsets",
-            "leakage_rank_change": "4. Leakage", "top_k": "4. Leakage", "subgroup_accuracy": "5. Fairness",
+            "leakage_rank_change": "4. Leakage", "top_k": "4. Leakage", "top_k_oct": "4. Leakage",
+            "attribute_distribution": "5. Fairness", "subgroup_accuracy": "5. Fairness",
             "lr_sensitivity": "6. Sensitivity", "srd_lr": "6. Sensitivity", "lr_transfer": "6. Sensitivity"}
 
 

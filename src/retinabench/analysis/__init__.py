@@ -2,8 +2,11 @@
 
 The analysis is organised in *families*, one Snakemake job each (never one per task): ``ranks``, ``rank_figures``,
 ``tables``, ``cd`` (Friedman / Nemenyi / critical-difference diagrams), ``protocol_heatmap``, ``agreement``
-(Spearman), ``distance`` (signed rank distances + Kruskal–Wallis), ``subsets``, ``leakage``, ``top_k``, ``ft_lp``,
-``fairness``, ``sensitivity`` and ``lr_transfer``.
+(Spearman), ``distance`` (signed rank distances + Kruskal–Wallis across the paper's encoder groups), ``subsets``,
+``leakage``, ``top_k``, ``attributes`` (Table 1: sensitive attributes per dataset), ``ft_lp``, ``fairness``,
+``sensitivity`` and ``lr_transfer``. Figures comparing protocols show OcularBench's three (kNN, its linear probe,
+full fine-tuning) when two or more are ranked; the project's other probes go to ``*_extended`` figures
+(:attr:`AnalysisContext.protocol_sets`).
 
 Each analysis runs on the protocol the paper used. The *analysis protocol* of the main rank figure, the CD
 diagrams, the subset / leakage / top-k / fairness analyses is full fine-tuning (``analysis.finetune_protocol``)
@@ -14,8 +17,8 @@ family reads the reliability layer's subgroup table (``reliability/subgroup_metr
 families this config can produce and their output paths is the plan's decision
 (:func:`retinabench.plan.family_outputs.analysis_outputs`); the Snakemake rules, the benchmark and the tests all use it.
 Modules: :mod:`.context` (what the analysis reads from the config and registries), :mod:`.families`
-(each family a plain function ``family_x(inputs,
-ctx, out)``, DataFrames in, files out). The stages are in retinabench.pipeline.analysis.
+(each family a plain function ``family_x(inputs, ctx, out)``, DataFrames in, files out; :mod:`.attributes` holds
+Table 1's, :mod:`.common` the writers they share). The stages are in retinabench.pipeline.analysis.
 """
 from retinabench.analysis.context import FAMILIES, AnalysisContext, Family, choose_headline
 

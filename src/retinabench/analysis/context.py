@@ -8,24 +8,36 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from retinabench.settings.finetune import FinetuneSettings, SweepSettings
-from retinabench.settings.reliability import AnalysisSettings
+from retinabench.settings.reliability import AnalysisSettings, ReliabilitySettings
 from retinabench.skipped import FAIRNESS, LEAKAGE, PROTOCOLS, RANKING, SENSITIVITY, SUBSETS
 
-ENCODER_FIELDS = ("domain", "method", "exposure", "params_m", "size_class")
+# method_group is resolved from the entry (retinabench.stats.groups.method_group: init random -> none)
+ENCODER_FIELDS = ("domain", "method", "method_group", "pretraining_data", "exposure", "params_m", "size_class")
 # The reliability layer's per-group metrics in the analysis format (workflow/rules/reliability.smk, rule
 # reliability_collect): the fairness family's input unless analysis.subgroup_metrics names another table.
 RELIABILITY_SUBGROUPS = "reliability/subgroup_metrics.parquet"
 SWEEP_GRID = "sweep/lr_sweep_metrics.parquet"          # the sweep's per-lr metrics (finetune.smk, sweep_collect)
 SWEEP_SENSITIVITY = "sweep/lr_sensitivity.parquet"
 TASK_FIELDS = ("dataset", "modality", "family")
+# OcularBench's three protocols are kNN, its linear probe (analysis.linear_protocol) and full fine-tuning
+# (analysis.finetune_protocol): AnalysisContext.paper_protocols. Figures comparing protocols show those three when
+# two or more are ranked; the project's other probes (the cached `linear`, `logreg`) go to `*_extended` figures.
+PAPER_KNN = "knn"
+OCT_PANEL = "oct"  # the modality of OcularBench's top-k panel over every task of it (leaked datasets included)
+# Table 1 (sensitive attributes): the fairness attributes of reliability.attributes compared by
+# analysis.subgroup_pairs (OcularBench: age < 60 / >= 60, sex female / male), binarised as the reliability layer does.
 DATASET_FIELDS = ("web_exposure_risk",)
 
 
 def _pick(entry: dict, fields: tuple[str, ...], what: str) -> dict:
     out: dict[str, Any] = {}
     for f in fields:
+        if f == "method_group":
+            from retinabench.stats.groups import method_group
+            out[f] = method_group(entry, what)
+            continue
         if f not in entry:
-            if f in ("exposure",):
+            if f in ("exposure", "pretraining_data"):
                 out[f] = []
                 continue
             if f in ("params_m", "family", "size_class"):
@@ -55,6 +67,7 @@ class AnalysisContext:
     regimes: list[str] = field(default_factory=list)
     ranking: dict = field(default_factory=dict)        # metric, regime
     settings: dict = field(default_factory=lambda: AnalysisSettings().plain())  # the `analysis:` section
+    attributes: list[dict] = field(default_factory=list)   # Table 1: name, column, cut, groups (reliability.attributes)
 
     @classmethod
     def from_config(cls, config: dict, registries, *, encoders: list[str], tasks: list[str],
@@ -93,6 +106,8 @@ class AnalysisContext:
             if check is not None and swept["check_encoders"]:
                 lr_grid = SWEEP_GRID
         headline = choose_headline(protocols, settings, ft_protocols=ft_protocols, coverage=gaps)
+        attributes = [{"name": a.name, "column": a.column, "cut": a.cut, "groups": a.groups}
+                      for a in ReliabilitySettings.from_config(config).attributes if a.name in settings["subgroup_pairs"]]
         return cls(
             encoders={e: _pick(registries.encoder(e), ENCODER_FIELDS, f"encoder {e!r}") for e in encoders},
             tasks={t: _pick(registries.task(t), TASK_FIELDS, f"task {t!r}") for t in tasks},
@@ -100,7 +115,8 @@ class AnalysisContext:
             protocols=protocols, ft_protocols=ft_protocols, ft_regimes=ft_regimes, lr_source=lr_source,
             lr_encoders=lr_encoders, lr_grid=lr_grid, sweep_tasks=swept,
             subgroup_source=settings["subgroup_metrics"] or RELIABILITY_SUBGROUPS, headline=headline,
-            regimes=list(config["regimes"]), ranking=dict(config["ranking"]), settings=settings)
+            regimes=list(config["regimes"]), ranking=dict(config["ranking"]), settings=settings,
+            attributes=attributes)
 
     # --- derived settings ---
     @property
@@ -140,6 +156,30 @@ class AnalysisContext:
         return h["protocol"] if h["role"] != "fallback" else f"{h['protocol']} ({h['note']})"
 
     @property
+    def paper_protocols(self) -> list[str]:
+        """The ranked protocols among OcularBench's three (kNN, analysis.linear_protocol, analysis.finetune_protocol),
+        in ranking order."""
+        paper = {PAPER_KNN, self.settings["linear_protocol"], self.settings["finetune_protocol"]}
+        return [p for p in self.protocols if p in paper]
+
+    @property
+    def protocol_sets(self) -> dict[str, list[str]]:
+        """Protocols of the figures that compare protocols, by file-name suffix: ``""`` the paper's protocols when
+        two or more are ranked (else every ranked protocol), ``"_extended"`` every ranked protocol when that adds
+        the project's other probes to the paper's."""
+        paper = self.paper_protocols
+        if len(paper) < 2:
+            return {"": list(self.protocols)}
+        extra = [p for p in self.protocols if p not in paper]
+        return {"": paper, **({"_extended": list(self.protocols)} if extra else {})}
+
+    @property
+    def linear_probe(self) -> str | None:
+        """The paper's linear probe when it is ranked and is not the analysis protocol (Figs. 4 and A.3)."""
+        lp = self.settings["linear_protocol"]
+        return lp if lp in self.protocols and lp != self.analysis_protocol_name else None
+
+    @property
     def subgroups_path(self) -> str | None:
         return self.subgroup_source or self.settings.get("subgroup_metrics")
 
@@ -162,7 +202,7 @@ class AnalysisContext:
     def from_params(cls, params: dict) -> AnalysisContext:
         ctx = cls()
         for key in ("encoders", "tasks", "datasets", "protocols", "ft_protocols", "ft_regimes", "regimes",
-                    "ranking", "headline", "sweep_tasks"):
+                    "ranking", "headline", "sweep_tasks", "attributes"):
             if key in params:
                 setattr(ctx, key, copy.deepcopy(dict(params[key]) if isinstance(params[key], dict)
                                                 else list(params[key])))
@@ -234,11 +274,11 @@ class Family:
     name: str
     rule: str
     function: str                           # in retinabench.analysis.families
-    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep | lr_grid | baselines
+    inputs: tuple[str, ...]                 # metrics | ranks | subgroups | lr_sweep | lr_grid | baselines | manifests
     encoder_fields: tuple[str, ...] = ()
     task_fields: tuple[str, ...] = ()
     datasets: bool = False
-    context: tuple[str, ...] = ()           # AnalysisContext attributes: protocols, regimes, ranking
+    context: tuple[str, ...] = ()           # AnalysisContext attributes: protocols, regimes, ranking, attributes
     settings: tuple[str, ...] = ()
     report: tuple[Report, ...] = ()
 
@@ -250,43 +290,53 @@ class Family:
 
 _R = ("ranking",)
 _RPH = ("ranking", "protocols", "headline")
+_PAPER = ("linear_protocol", "finetune_protocol")  # which ranked protocols are the paper's (paper_protocols)
 # The families in report order (retinabench.skipped.SECTIONS names the sections).
 _TABLE = (
     Family("ranks", "ranks", "family_ranks", ("metrics",), context=_R, settings=("alternative_metrics", "split")),
     Family("rank_figures", "figure_rank_distribution", "family_rank_figures", ("ranks",), ("domain",), context=_RPH,
-           settings=("alternative_metrics",),
-           report=(Report("png", "rank_distribution", RANKING, "Rank distributions"),)),
+           settings=("alternative_metrics", *_PAPER),
+           report=(Report("png", "rank_distribution", RANKING, "Rank distributions"),
+                   Report("png_linear_probe", "rank_distribution_linear_probe", RANKING, "Rank distributions"))),
     Family("tables", "analysis_tables", "family_tables", ("metrics", "ranks", "baselines"), context=_R,
            settings=("alternative_metrics", "split"),
            report=(Report("ranking_csv", "ranking_table", RANKING, "Tables"),
                    Report("appendix_csv", "appendix_table", RANKING, "Tables"))),
     Family("cd", "critical_difference", "family_cd", ("ranks",), ("domain",), context=_RPH,
-           settings=("alternative_metrics", "alpha"),
-           report=(Report("png", "cd_diagram", RANKING, "Critical difference"),)),
+           settings=("alternative_metrics", "alpha", *_PAPER),
+           report=(Report("png", "cd_diagram", RANKING, "Critical difference"),
+                   Report("png_linear_probe", "cd_diagram_linear_probe", RANKING, "Critical difference"))),
     Family("protocol_heatmap", "protocol_heatmap", "family_protocol_heatmap", ("ranks",), ("domain",),
-           context=("ranking", "protocols", "regimes"),
-           report=(Report("png", "protocol_rank_heatmap", PROTOCOLS, "Mean rank per protocol"),)),
+           context=("ranking", "protocols", "regimes"), settings=_PAPER,
+           report=(Report("png", "protocol_rank_heatmap", PROTOCOLS, "Mean rank per protocol"),
+                   Report("png_extended", "protocol_rank_heatmap_extended", PROTOCOLS, "Mean rank per protocol"))),
     Family("agreement", "rank_agreement", "family_agreement", ("ranks",), context=("ranking", "protocols", "regimes"),
-           settings=("alpha",),
+           settings=("alpha", *_PAPER),
            report=(Report("png_protocols", "spearman_protocols", PROTOCOLS, "Spearman correlation"),
+                   Report("png_protocols_extended", "spearman_protocols_extended", PROTOCOLS, "Spearman correlation"),
                    Report("png_regimes", "spearman_regimes", PROTOCOLS, "Spearman correlation"))),
-    Family("distance", "signed_rank_distance", "family_distance", ("ranks",), ("domain", "method"),
-           ("modality", "family"), context=_RPH, settings=("alpha", "subsets"),
+    Family("distance", "signed_rank_distance", "family_distance", ("ranks",), ("domain", "method", "method_group"),
+           ("modality", "family"), context=_RPH, settings=("alpha", "subsets", *_PAPER),
            report=(Report("png_protocols", "srd_protocols", PROTOCOLS, "Signed rank distance"),
+                   Report("png_protocols_extended", "srd_protocols_extended", PROTOCOLS, "Signed rank distance"),
                    Report("png_subsets", "srd_subsets", SUBSETS, "Signed rank distance"))),
     Family("ft_lp", "ft_lp_gap", "family_ft_lp", ("metrics",), ("domain", "params_m"),
            context=("ranking", "ft_protocols"), settings=("split", "finetune_protocol", "linear_protocol"),
            report=(Report("png", "ft_lp_gap", PROTOCOLS, "Fine-tuning vs linear probe"),)),
     Family("subsets", "subset_ranks", "family_subsets", ("ranks",), ("domain",), ("modality", "family"), context=_RPH,
            settings=("subsets",), report=(Report("png", "subset_ranks", SUBSETS, "Mean rank by subset"),)),
-    Family("leakage", "leakage", "family_leakage", ("ranks",), ("domain", "exposure"), ("dataset",), True, _RPH,
+    Family("leakage", "leakage", "family_leakage", ("ranks",), ("domain", "pretraining_data", "exposure"), ("dataset",),
+           True, _RPH,
            report=(Report("png", "leakage_rank_change", LEAKAGE, "Rank change"),)),
     Family("top_k", "top_k", "family_top_k", ("ranks",), ("domain", "exposure"), ("dataset", "modality"), True,
-           _RPH, ("top_k", "subsets"), report=(Report("png", "top_k", LEAKAGE, "Top encoders"),)),
+           _RPH, ("top_k", "subsets"), report=(Report("png", "top_k", LEAKAGE, "Top encoders"),
+                                               Report("png_oct", "top_k_oct", LEAKAGE, "Top encoders"))),
+    Family("attributes", "attribute_table", "family_attributes", ("manifests",), context=("attributes",),
+           report=(Report("attributes_csv", "attribute_distribution", FAIRNESS, "Sensitive attributes"),)),
     Family("fairness", "fairness", "family_fairness", ("subgroups",), ("domain",), context=_RPH,
            settings=("split", "subgroup_pairs"), report=(Report("png", "subgroup_accuracy", FAIRNESS, "Subgroups"),)),
     Family("sensitivity", "lr_sensitivity", "family_sensitivity", ("lr_sweep", "ranks"),
-           ("domain", "method", "size_class"), context=("ranking", "protocols", "sweep_tasks"),
+           ("domain", "method", "method_group", "size_class"), context=("ranking", "protocols", "sweep_tasks"),
            settings=("alpha", "lr_reference"),
            report=(Report("png", "lr_sensitivity", SENSITIVITY, "Learning rate"),
                    Report("png_srd", "srd_lr", SENSITIVITY, "Learning rate"))),

@@ -8,42 +8,22 @@ from typing import Callable
 
 import pandas as pd
 
-from retinabench.analysis.context import FAMILIES, AnalysisContext
-from retinabench.atomic import atomic_write, write_text_atomic
+from retinabench.analysis.attributes import family_attributes, read_manifests
+from retinabench.analysis.common import _metric_title, _order, _role, _write_csv, _write_text
+from retinabench.analysis.context import FAMILIES, OCT_PANEL, AnalysisContext
+from retinabench.atomic import atomic_write
 from retinabench.regimes import BALANCED, UNBALANCED
+
+__all__ = ["family_attributes", "family_function", "read_input", "run_family"]
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Families: DataFrames in, files out. `out` holds the paths analysis_outputs() gives the family.
 # --------------------------------------------------------------------------------------------------------------
 
-def _write_csv(df: pd.DataFrame, path: str) -> str:
-    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format="%.6g"))
-    return path
-
-
-def _write_text(text: str, path: str) -> str:
-    write_text_atomic(path, text)
-    return path
-
-
-def _order(ranks: pd.DataFrame, ctx: AnalysisContext) -> list[str]:
-    from retinabench.stats.ranks import encoder_order
-    ranked = ranks[ranks["protocol"].isin(ctx.protocols)] if ctx.protocols else ranks
-    return encoder_order(ranked, metric=ctx.metric, regime=ctx.regime)
-
-
-def _metric_title(ctx: AnalysisContext, metric: str) -> str:
-    return f"test {metric.replace('_', ' ')}"
-
-
-def _role(ctx: AnalysisContext, protocol: str) -> str:
-    """How a table names a protocol's part: the analysis protocol's role (headline / fallback: why / configured),
-    or ``other``."""
-    h = ctx.analysis_protocol
-    if protocol != h["protocol"]:
-        return "other"
-    return h["note"] if h["role"] == "fallback" else h["role"]
+def _extended(suffix: str) -> str:
+    """Title words of an extended protocol figure (the project's other probes beside the paper's protocols)."""
+    return " (extended: the paper's protocols and the project's other probes)" if suffix else ""
 
 
 def family_ranks(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
@@ -61,8 +41,14 @@ def family_rank_figures(inputs: dict, ctx: AnalysisContext, out: dict) -> list[s
         key = "png" if m == ctx.metric else f"png_{m}"
         paths += rank_distribution_figure(inputs["ranks"], ctx.encoders, out[key], regime=ctx.regime, metric=m,
                                           protocols=[ctx.analysis_protocol_name],
-                                          title=f"Encoder ranks by {_metric_title(ctx, m)}, {ctx.protocol_label} "
-                                                f"(regime {ctx.regime})")
+                                          title=f"Encoder ranks by {_metric_title(ctx, m)}, {ctx.protocol_label}, "
+                                                f"regime {ctx.regime}")
+    if "png_linear_probe" in out:  # OcularBench Fig. 4: the ranks under its linear probe
+        lp = ctx.settings["linear_protocol"]
+        paths += rank_distribution_figure(inputs["ranks"], ctx.encoders, out["png_linear_probe"], regime=ctx.regime,
+                                          metric=ctx.metric, protocols=[lp],
+                                          title=f"Encoder ranks under linear probing ({lp}) by "
+                                                f"{_metric_title(ctx, ctx.metric)}, regime {ctx.regime}")
     return paths
 
 
@@ -100,11 +86,17 @@ def family_cd(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
             rows.append({"metric": m, "protocol": protocol, "role": role, "regime": ctx.regime, **res.as_dict()})
             pairs.append(nemenyi_long(p, mean_rank, ctx.alpha).assign(metric=m, protocol=protocol, role=role,
                                                                        regime=ctx.regime))
-            if protocol != head["protocol"]:
-                continue
             verdict = "differ" if res.p < ctx.alpha else "no evidence of a difference"
-            panels.append(CDPanel(f"{ctx.protocol_label}: Friedman χ² = {res.chi2:.2f}, p = {res.p:.2g} ({verdict}); "
-                                  f"{res.n} tasks, {res.k} encoders", mean_rank, p, res.cd))
+            panel = CDPanel(f"{ctx.protocol_label if protocol == head['protocol'] else protocol}: Friedman χ² = "
+                            f"{res.chi2:.2f}, p = {res.p:.2g} ({verdict}); {res.n} tasks, {res.k} encoders",
+                            mean_rank, p, res.cd)
+            if protocol == head["protocol"]:
+                panels.append(panel)
+            elif m == ctx.metric and protocol == ctx.linear_probe and "png_linear_probe" in out:
+                # OcularBench Fig. A.3: the critical-difference diagram under its linear probe
+                paths += cd_figure([panel], ctx.encoders, out["png_linear_probe"], alpha=ctx.alpha,
+                                   title=f"Critical differences under linear probing (Nemenyi, α = {ctx.alpha:g}), "
+                                         f"{_metric_title(ctx, m)}, regime {ctx.regime}")
         key = "png" if m == ctx.metric else f"png_{m}"
         paths += cd_figure(panels, ctx.encoders, out[key], alpha=ctx.alpha,
                            title=f"Critical differences (Nemenyi, α = {ctx.alpha:g}), {_metric_title(ctx, m)}, "
@@ -117,16 +109,21 @@ def family_protocol_heatmap(inputs: dict, ctx: AnalysisContext, out: dict) -> li
     from retinabench.figures.agreement import heatmap_panels
     from retinabench.stats.agreement import condition_rankings
     ranks = inputs["ranks"]
-    panels = {}
-    for regime, label in ((UNBALANCED, "unbalanced (u-u)"), (BALANCED, "balanced (b-b)")):
-        if regime in ctx.regimes:
-            m = condition_rankings(ranks, metric=ctx.metric, by="protocol", fixed={"regime": regime},
-                                   keep=ctx.protocols)
-            panels[label] = m[[p for p in ctx.protocols if p in m.columns]]
-    n_enc = len(ctx.encoders)
-    return heatmap_panels(panels, ctx.encoders, out["png"], order=_order(ranks, ctx), vmin=1, vmax=max(2, n_enc),
-                          value_label="mean rank across tasks (1 = best)",
-                          title=f"Mean rank per protocol, {_metric_title(ctx, ctx.metric)}")
+    paths = []
+    for suffix, protocols in ctx.protocol_sets.items():
+        if f"png{suffix}" not in out:
+            continue
+        panels = {}
+        for regime, label in ((UNBALANCED, "unbalanced (u-u)"), (BALANCED, "balanced (b-b)")):
+            if regime in ctx.regimes:
+                m = condition_rankings(ranks, metric=ctx.metric, by="protocol", fixed={"regime": regime},
+                                       keep=protocols)
+                panels[label] = m[[p for p in protocols if p in m.columns]]
+        n_enc = len(ctx.encoders)
+        paths += heatmap_panels(panels, ctx.encoders, out[f"png{suffix}"], order=_order(ranks, ctx), vmin=1,
+                                vmax=max(2, n_enc), value_label="mean rank across tasks (1 = best)",
+                                title=f"Mean rank per protocol{_extended(suffix)}, {_metric_title(ctx, ctx.metric)}")
+    return paths
 
 
 def family_agreement(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
@@ -136,18 +133,22 @@ def family_agreement(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]
     table = agreement_table(ranks, metric=ctx.metric, protocols=ctx.protocols, regimes=ctx.regimes,
                             alpha=ctx.alpha)
     paths = [_write_csv(table, out["table"])]
-    if "png_protocols" in out:
+    for suffix, protocols in ctx.protocol_sets.items():
+        if f"png_protocols{suffix}" not in out:
+            continue
         mats = {}
         for regime, label in ((UNBALANCED, "unbalanced (u-u)"), (BALANCED, "balanced (b-b)")):
             if regime in ctx.regimes:
                 m = condition_rankings(ranks, metric=ctx.metric, by="protocol", fixed={"regime": regime},
-                                   keep=ctx.protocols)
-                mats[label] = spearman_matrix(m, ctx.protocols)
-        paths += spearman_figure(mats, out["png_protocols"], alpha=ctx.alpha, n_encoders=int(table["n_encoders"].max()),
-                                 title=f"Agreement of protocols' encoder rankings ({_metric_title(ctx, ctx.metric)})")
+                                       keep=protocols)
+                mats[label] = spearman_matrix(m, protocols)
+        paths += spearman_figure(mats, out[f"png_protocols{suffix}"], alpha=ctx.alpha,
+                                 n_encoders=int(table["n_encoders"].max()),
+                                 title=f"Agreement of protocols' encoder rankings{_extended(suffix)} "
+                                       f"({_metric_title(ctx, ctx.metric)})")
     if "png_regimes" in out:
         mats = {}
-        for protocol in ctx.protocols:
+        for protocol in ctx.protocol_sets[""]:  # the paper's protocols when ranked (the table has every one)
             m = condition_rankings(ranks, metric=ctx.metric, by="regime", fixed={"protocol": protocol},
                                    keep=ctx.regimes)
             mats[protocol] = spearman_matrix(m, ctx.regimes)
@@ -170,14 +171,17 @@ def family_distance(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     table["protocol"] = ["" if f == "protocols" else ctx.analysis_protocol_name for f in table["family"]]
     kw = kruskal_table(table, ctx.alpha)
     paths = [_write_csv(table, out["table"]), _write_csv(kw, out["kruskal"])]
-    if "png_protocols" in out:
-        d = table[table["family"] == "protocols"]
-        paths += distance_bars(d, kw, ctx.encoders, out["png_protocols"], group_by="domain",
-                               title=f"Signed rank distance between protocols ({_metric_title(ctx, ctx.metric)}, "
-                                     f"regime {ctx.regime})")
+    for suffix, protocols in ctx.protocol_sets.items():
+        if f"png_protocols{suffix}" not in out:
+            continue
+        d = table[(table["family"] == "protocols") & table["reference"].isin(protocols)
+                  & table["comparison"].isin(protocols)]
+        paths += distance_bars(d, kw, ctx.encoders, out[f"png_protocols{suffix}"], group_by="domain_group",
+                               title=f"Signed rank distance between protocols{_extended(suffix)} "
+                                     f"({_metric_title(ctx, ctx.metric)}, regime {ctx.regime})")
     if "png_subsets" in out:
         d = table[table["family"] != "protocols"]
-        paths += distance_bars(d, kw, ctx.encoders, out["png_subsets"], group_by="domain",
+        paths += distance_bars(d, kw, ctx.encoders, out["png_subsets"], group_by="domain_group",
                                title=f"Signed rank distance, subset vs rest ({ctx.protocol_label}, "
                                      f"{_metric_title(ctx, ctx.metric)}, regime {ctx.regime})")
     return paths
@@ -201,14 +205,14 @@ def family_subsets(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
 
 def family_leakage(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.figures.bars import leakage_bars
-    from retinabench.stats.leakage import (SUBSET_LABELS, exposed_datasets, exposure_likelihood,
+    from retinabench.stats.leakage import (SUBSET_LABELS, exposed_datasets, exposure_assessment,
                                            informative_subsets, leakage_rerank, leakage_subsets)
     ranks = inputs["ranks"]
     subsets = informative_subsets(leakage_subsets(ctx.tasks, ctx.encoders, ctx.datasets), list(ctx.tasks))
     if not subsets:
         raise ValueError("leakage: no task subset differs from the full task set (nothing to re-rank)")
     table = leakage_rerank(ranks, subsets, metric=ctx.metric, protocol=ctx.analysis_protocol_name, regime=ctx.regime,
-                           likelihood=exposure_likelihood(ctx.encoders, ctx.datasets),
+                           likelihood=exposure_assessment(ctx.encoders, ctx.datasets),
                            exposure=exposed_datasets(ctx.encoders, list(ctx.datasets)))
     paths = [_write_csv(table.assign(protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"])]
     paths += leakage_bars(table, ctx.encoders, out["png"], order=_order(ranks, ctx), labels=SUBSET_LABELS,
@@ -221,19 +225,31 @@ def family_top_k(inputs: dict, ctx: AnalysisContext, out: dict) -> list[str]:
     from retinabench.figures.bars import top_k_panels
     from retinabench.stats.leakage import high_leakage_datasets, top_k
     ranks = inputs["ranks"]
-    high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
-    clean = sorted(t for t, m in ctx.tasks.items() if m["dataset"] not in high)
     k = int(ctx.settings["top_k"])
-    modalities = list(ctx.settings["subsets"]["modality"])
-    table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
-                  regime=ctx.regime, modalities=modalities)
-    titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}
-    paths = [_write_csv(table.assign(excluded_datasets=",".join(sorted(high)),
-                                     protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"])]
-    excluded = ", ".join(sorted(high)) or "none"
-    paths += top_k_panels(table, ctx.encoders, out["png"], titles=titles,
-                          title=f"Top {k} by mean rank, high-leakage datasets excluded ({excluded}); "
-                                f"{ctx.protocol_label}, {_metric_title(ctx, ctx.metric)}")
+    paths: list[str] = []
+    if "png" in out:  # the top k once high-leakage datasets are excluded: all tasks, each modality
+        high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
+        clean = sorted(t for t, m in ctx.tasks.items() if m["dataset"] not in high)
+        modalities = list(ctx.settings["subsets"]["modality"])
+        table = top_k(ranks, ctx.tasks, clean, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
+                      regime=ctx.regime, modalities=modalities)
+        titles = {"all": "all modalities", **{m: m.upper() for m in modalities}}
+        paths.append(_write_csv(table.assign(excluded_datasets=",".join(sorted(high)),
+                                             protocol_role=_role(ctx, ctx.analysis_protocol_name)), out["table"]))
+        excluded = ", ".join(sorted(high)) or "none"
+        paths += top_k_panels(table, ctx.encoders, out["png"], titles=titles,
+                              title=f"Top {k} by mean rank, high-leakage datasets excluded ({excluded}); "
+                                    f"{ctx.protocol_label}, {_metric_title(ctx, ctx.metric)}")
+    if "png_oct" in out:  # OcularBench's OCT panel: every OCT task, leakage not excluded
+        oct_tasks = sorted(t for t, m in ctx.tasks.items() if m["modality"] == OCT_PANEL)
+        oct_table = top_k(ranks, ctx.tasks, oct_tasks, k=k, metric=ctx.metric, protocol=ctx.analysis_protocol_name,
+                          regime=ctx.regime, modalities=[]).assign(panel=OCT_PANEL)
+        paths.append(_write_csv(oct_table.assign(protocol_role=_role(ctx, ctx.analysis_protocol_name)),
+                                out["table_oct"]))
+        paths += top_k_panels(oct_table, ctx.encoders, out["png_oct"],
+                              titles={OCT_PANEL: f"all {OCT_PANEL.upper()} tasks"},
+                              title=f"Top {k} by mean rank over every {OCT_PANEL.upper()} task (leakage not excluded); "
+                                    f"{ctx.protocol_label}, {_metric_title(ctx, ctx.metric)}")
     return paths
 
 
@@ -289,7 +305,7 @@ def family_sensitivity(inputs: dict, ctx: AnalysisContext, out: dict) -> list[st
     if "png_srd" in out:
         if not frames:
             raise ValueError("learning-rate sensitivity: no protocol of the sweep has two or more encoders to rank")
-        groups = ("size_class", "domain", "method")
+        groups = ("size_class", "domain_group", "method_group")
         dist = with_groups(pd.concat(frames, ignore_index=True), ctx.encoders, groups)
         kw = kruskal_table(dist, ctx.alpha, groups)
         paths.append(_write_csv(dist, out["distance"]))
@@ -320,7 +336,8 @@ def family_lr_transfer(inputs: dict, ctx: AnalysisContext, out: dict) -> list[st
                                       f"grid, sweep task {tasks['sweep']} vs {tasks['check']} (regime {regimes})")]
 
 
-def read_input(kind: str, path: str) -> pd.DataFrame:
+def read_input(kind: str, path) -> pd.DataFrame:
+    """One input table of a family (``path``: a file, or for ``manifests`` the list of the datasets' files)."""
     from retinabench.schemas import read_table
     if kind == "metrics":
         return read_table(path, "metrics")
@@ -338,6 +355,8 @@ def read_input(kind: str, path: str) -> pd.DataFrame:
         return df
     if kind == "lr_grid":
         return read_table(path, "metrics")
+    if kind == "manifests":
+        return read_manifests(path)
     if kind == "baselines":
         from retinabench.stats.baselines import check_baselines
         return check_baselines(pd.read_csv(path, keep_default_na=False, na_values={"majority": [""],

@@ -32,13 +32,14 @@ def _panel_grid(n_panels: int, n_enc: int, max_cols: int = 3):
     return fig, axes
 
 
-GROUP_TITLES = {"domain": "pretraining domain", "size_class": "model size", "method": "pretraining method"}
+GROUP_TITLES = {"domain": "pretraining domain", "size_class": "model size", "method": "pretraining method",
+                "domain_group": "pretraining domain", "method_group": "pretraining method"}
 
 
 def distance_bars(distances: pd.DataFrame, kruskal: pd.DataFrame, encoders: dict[str, dict], out_png, *,
-                  group_by: str = "domain", title: str | None = None, label_points: int = 12) -> list[str]:
-    """One panel per comparison, as the paper's figures: a bar per encoder group (``group_by``: pretraining domain,
-    or ``size_class`` for the learning-rate figure) at the group's mean signed distance, every encoder overlaid as
+                  group_by: str = "domain_group", title: str | None = None, label_points: int = 12) -> list[str]:
+    """One panel per comparison, as the paper's figures: a bar per encoder group (``group_by``: the paper's
+    pretraining-domain group, stats.groups, or ``size_class`` for the learning-rate figure) at the group's mean signed distance, every encoder overlaid as
     a point, groups ordered by size (largest first); the panel title gives the Kruskal–Wallis p across those
     groups. Distances follow stats.distance: (rank_reference − rank_comparison)/√2, positive = better under the
     comparison (the axis label names both sides). Points are labelled when a panel has ≤ ``label_points``."""
@@ -96,7 +97,7 @@ def distance_bars(distances: pd.DataFrame, kruskal: pd.DataFrame, encoders: dict
 def leakage_bars(table: pd.DataFrame, encoders: dict[str, dict], out_png, *, order: list[str],
                  labels: dict[str, str], title: str | None = None) -> list[str]:
     """One panel per leakage subset: each encoder's signed position change (all tasks − subset: positive =
-    improved rank on the restricted benchmark), coloured by exposure likelihood (known / possible / unlikely)."""
+    improved rank on the restricted benchmark), coloured by exposure likelihood (known / likely / possible / unlikely, stats.leakage)."""
     subsets = list(dict.fromkeys(table["subset"]))
     if not subsets:
         raise ValueError("leakage_bars: empty leakage table")

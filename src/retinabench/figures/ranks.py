@@ -1,5 +1,7 @@
 """Rank distribution per encoder: violins over tasks, one point per task, the mean rank marked; encoders
-ordered by mean rank; one panel per protocol. Tick labels and violins coloured by pretraining domain."""
+ordered by mean rank; one panel per protocol. Tick labels and violins coloured by pretraining domain. A panel in
+which an encoder has fewer than :data:`MIN_VIOLIN_RANKS` ranks draws points only: a kernel density over two or
+three ranks is not a distribution."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +9,13 @@ import pandas as pd
 import matplotlib.pyplot as plt
 
 from retinabench.figures.style import color_ticklabels, domain_color, domain_legend, figsize, save, suptitle
+
+MIN_VIOLIN_RANKS = 5
+
+
+def draws_violins(values: list[np.ndarray]) -> bool:
+    """Whether a panel draws violins: every encoder has at least MIN_VIOLIN_RANKS ranks (else points only)."""
+    return bool(values) and all(len(v) >= MIN_VIOLIN_RANKS for v in values)
 
 
 def rank_distribution_figure(ranks: pd.DataFrame, encoders: dict[str, dict], out_png, *, regime: str = "u-u",
@@ -39,7 +48,8 @@ def rank_distribution_figure(ranks: pd.DataFrame, encoders: dict[str, dict], out
         order = d.groupby("encoder")["rank"].mean().sort_values(kind="stable").index.tolist()
         values = [d.loc[d["encoder"] == e, "rank"].to_numpy() for e in order]
         pos = np.arange(1, len(order) + 1)
-        if all(len(v) > 1 for v in values):
+        violins = draws_violins(values)
+        if violins:
             parts = ax.violinplot(values, positions=pos, showextrema=False, widths=0.8)
             for body, enc in zip(parts["bodies"], order):
                 body.set_facecolor(domain_color(encoders.get(enc, {}).get("domain")))
@@ -55,7 +65,9 @@ def rank_distribution_figure(ranks: pd.DataFrame, encoders: dict[str, dict], out
         color_ticklabels(ax.get_xticklabels(), encoders)
         ax.set_ylabel("rank (1 = best)")
         ax.set_ylim(data["n_encoders"].max() + 0.5, 0.5)
-        ax.set_title(f"{protocol} — regime {regime}, {d['task'].nunique()} tasks")
+        n_tasks = d["task"].nunique()
+        ax.set_title(f"{protocol} — regime {regime}, {n_tasks} task{'s' if n_tasks != 1 else ''}"
+                     + ("" if violins else f" (points: under {MIN_VIOLIN_RANKS} ranks per encoder)"))
         ax.grid(axis="y", alpha=0.3)
     if title:
         suptitle(fig, title)

@@ -29,6 +29,8 @@ DOMAIN_COLORS = {
     "natural": "#4C72B0", "pathology": "#C44E52", "radiology": "#8172B3", "cfp": "#DD8452",
     "oct": "#55A868", "cfp+oct": "#937860", "none": "#8C8C8C",
 }
+# The paper's pretraining-domain groups (retinabench.stats.groups.DOMAIN_GROUPS): the bars of the distance figures.
+DOMAIN_GROUP_COLORS = {"natural": "#4C72B0", "retinal": "#DD8452", "pathology": "#C44E52", "other": "#8C8C8C"}
 BASELINE_STYLE: dict[str, dict[str, Any]] = {"majority": dict(color="#7F7F7F", ls="--", lw=0.9),
                                              "chance": dict(color="#B0B0B0", ls=":", lw=0.9)}
 
@@ -258,7 +260,8 @@ def save(fig, png_path, *, check: bool = True) -> list[str]:
 
 # --- helpers shared by the analysis figures ----------------------------------------------------------------------
 
-LIKELIHOOD_COLORS = {"known": "#C44E52", "possible": "#DD8452", "unlikely": "#4C72B0"}
+# Exposure likelihood (stats.leakage.LIKELIHOODS), most to least likely: red, orange, yellow, blue.
+LIKELIHOOD_COLORS = {"known": "#C44E52", "likely": "#DD8452", "possible": "#E6C229", "unlikely": "#4C72B0"}
 # Model-size classes (encoder registry `size_class`), light to dark: the learning-rate figures colour by size.
 SIZE_COLORS = {"tiny": "#C7E9B4", "small": "#7FCDBB", "base": "#41B6C4", "large": "#2C7FB8", "huge": "#253494",
                "giant": "#081D58"}
@@ -269,9 +272,11 @@ def size_color(size_class: str | None) -> str:
 
 
 def group_color(group_by: str, value: str | None) -> str:
-    """Colour of an encoder group: pretraining domain or model-size class (others: grey)."""
+    """Colour of an encoder group: pretraining domain, domain group or model-size class (others: grey)."""
     if group_by == "domain":
         return domain_color(value)
+    if group_by == "domain_group":
+        return DOMAIN_GROUP_COLORS.get(value or "", "#8C8C8C")
     if group_by == "size_class":
         return size_color(value)
     return "#8C8C8C"

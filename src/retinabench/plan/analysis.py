@@ -34,7 +34,7 @@ class AnalysisPlan:
         """(family, rule name) of every family this config produces, in report order."""
         return [(f.name, f.rule) for f in FAMILIES.values() if f.name in self.outputs]
 
-    def inputs(self, family: str) -> dict[str, str]:
+    def inputs(self, family: str) -> dict[str, str | list[str]]:
         return family_inputs(family, self.core.R, self.context)
 
     def params(self, family: str) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retinabench.analysis.context import FAMILIES, AnalysisContext
+from retinabench.analysis.context import FAMILIES, OCT_PANEL, AnalysisContext
 from retinabench.plan.paths import Paths
 from retinabench.regimes import BALANCED, UNBALANCED
 
@@ -43,7 +43,6 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         return P.path("analysis_table", table=name, ext=ext)
 
     k, n_tasks = len(ctx.encoders), len(ctx.tasks)
-    n_prot = len(ctx.protocols)
     alts = [m for m in ctx.metrics if m != ctx.metric]
     out: dict[str, dict[str, str]] = {}
     out["ranks"] = {"ranks": A("ranks", "parquet"), "summary": A("rank_summary")}
@@ -51,6 +50,13 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
     _figure(figs, "png", P, "rank_distribution")
     for m in alts:
         _figure(figs, f"png_{m}", P, f"rank_distribution_{m}")
+    lp = ctx.settings["linear_protocol"]
+    no_lp = (f"the paper's linear probe (analysis.linear_protocol {lp}) is not ranked"
+             if lp not in ctx.protocols else f"{lp} is the analysis protocol: the main figure shows it")
+    if ctx.linear_probe:  # OcularBench Fig. 4: ranks under linear probing
+        _figure(figs, "png_linear_probe", P, "rank_distribution_linear_probe")
+    else:
+        skip("rank_distribution_linear_probe", no_lp)
     out["rank_figures"] = figs
     out["tables"] = {f"{t}_{ext}": P.path("report_table", table=t, ext=ext) for t in ("appendix", "ranking")
                      for ext in ("csv", "tex")}
@@ -59,25 +65,37 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         _figure(cd, "png", P, "cd_diagram")
         for m in alts:
             _figure(cd, f"png_{m}", P, f"cd_diagram_{m}")
+        if ctx.linear_probe:  # OcularBench Fig. A.3: the CD diagram under linear probing
+            _figure(cd, "png_linear_probe", P, "cd_diagram_linear_probe")
+        else:
+            skip("cd_diagram_linear_probe", no_lp)
         out["cd"] = cd
     else:
-        skip("cd_diagram", f"Friedman test, Nemenyi post-hoc and critical-difference diagrams need >= 3 encoders "
-                           f"and >= 2 tasks; this run has {k} encoder(s) and {n_tasks} task(s)")
+        for name in ("cd_diagram", "cd_diagram_linear_probe"):
+            skip(name, f"Friedman test, Nemenyi post-hoc and critical-difference diagrams need >= 3 encoders "
+                       f"and >= 2 tasks; this run has {k} encoder(s) and {n_tasks} task(s)")
     paired_regime = any(r in ctx.regimes for r in (UNBALANCED, BALANCED))
-    if n_prot >= 2 and paired_regime:
-        heat: dict[str, str] = {}
-        _figure(heat, "png", P, "protocol_rank_heatmap")
+    # Figures comparing protocols: the paper's protocols, and an `_extended` twin with the project's other probes
+    # (AnalysisContext.protocol_sets).
+    # (no skip row for an absent `_extended` twin: without other probes the main figure shows every protocol)
+    sets = ctx.protocol_sets
+    heat: dict[str, str] = {}
+    for suffix, prots in sets.items():
+        if len(prots) >= 2 and paired_regime:
+            _figure(heat, f"png{suffix}", P, f"protocol_rank_heatmap{suffix}")
+        else:
+            skip(f"protocol_rank_heatmap{suffix}", f"needs >= 2 ranked protocols (has {len(prots)}) and regime "
+                                                   f"{UNBALANCED} or {BALANCED}")
+    if heat:
         out["protocol_heatmap"] = heat
-    else:
-        skip("protocol_rank_heatmap", f"needs >= 2 ranked protocols (has {n_prot}) and regime {UNBALANCED} or "
-                                      f"{BALANCED}")
     if k >= 3:
         agree = {"table": A("rank_agreement")}
-        if n_prot >= 2 and paired_regime:
-            _figure(agree, "png_protocols", P, "spearman_protocols")
-        else:
-            skip("spearman_protocols", f"needs >= 2 ranked protocols (has {n_prot}) and regime {UNBALANCED} or "
-                                       f"{BALANCED}")
+        for suffix, prots in sets.items():
+            if len(prots) >= 2 and paired_regime:
+                _figure(agree, f"png_protocols{suffix}", P, f"spearman_protocols{suffix}")
+            else:
+                skip(f"spearman_protocols{suffix}", f"needs >= 2 ranked protocols (has {len(prots)}) and regime "
+                                                    f"{UNBALANCED} or {BALANCED}")
         if len(ctx.regimes) >= 2:
             _figure(agree, "png_regimes", P, "spearman_regimes")
         else:
@@ -85,15 +103,17 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         if len(agree) > 1:
             out["agreement"] = agree
     else:
-        for name in ("spearman_protocols", "spearman_regimes"):
+        for name in ("spearman_protocols", "spearman_regimes", *(["spearman_protocols_extended"]
+                                                                 if "_extended" in sets else [])):
             skip(name, f"Spearman correlation between encoder rankings needs >= 3 encoders; this run has {k}")
     if k >= 2:
         dist = {"table": A("signed_rank_distance"), "kruskal": A("kruskal_wallis")}
-        if n_prot >= 2:
-            _figure(dist, "png_protocols", P, "srd_protocols")
-        else:
-            skip("srd_protocols", f"signed rank distances between protocols need >= 2 ranked protocols (has "
-                                  f"{n_prot})")
+        for suffix, prots in sets.items():
+            if len(prots) >= 2:
+                _figure(dist, f"png_protocols{suffix}", P, f"srd_protocols{suffix}")
+            else:
+                skip(f"srd_protocols{suffix}", f"signed rank distances between protocols need >= 2 ranked "
+                                               f"protocols (has {len(prots)})")
         if _subset_comparisons_exist(ctx):
             _figure(dist, "png_subsets", P, "srd_subsets")
         else:
@@ -101,7 +121,7 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         if len(dist) > 2:
             out["distance"] = dist
     else:
-        for name in ("srd_protocols", "srd_subsets"):
+        for name in ("srd_protocols", "srd_subsets", *(["srd_protocols_extended"] if "_extended" in sets else [])):
             skip(name, f"signed rank distances need >= 2 encoders; this run has {k}")
     if task_subsets(ctx.tasks, ctx.settings["subsets"]):
         sub = {"table": A("subset_ranks")}
@@ -118,12 +138,25 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
         skip("leakage_rank_change", "no leakage subset differs from the full task set (no encoder's pretraining "
                                     "data includes a benchmark dataset and no dataset has a high web-exposure risk)")
     high = set(high_leakage_datasets(ctx.encoders, ctx.datasets))
+    top: dict[str, str] = {}
     if any(m["dataset"] not in high for m in ctx.tasks.values()):
-        top = {"table": A("top_k")}
+        top["table"] = A("top_k")
         _figure(top, "png", P, "top_k")
-        out["top_k"] = top
     else:
         skip("top_k", f"every task is from a high-leakage dataset ({', '.join(sorted(high))})")
+    if any(m["modality"] == OCT_PANEL for m in ctx.tasks.values()):  # every OCT task, leakage not excluded
+        top["table_oct"] = A(f"top_k_{OCT_PANEL}")
+        _figure(top, f"png_{OCT_PANEL}", P, f"top_k_{OCT_PANEL}")
+    else:
+        skip(f"top_k_{OCT_PANEL}", f"no {OCT_PANEL.upper()} task")
+    if top:
+        out["top_k"] = top
+    if ctx.attributes and ctx.datasets:  # OcularBench Table 1: sensitive attributes per dataset
+        out["attributes"] = {f"attributes_{ext}": P.path("report_table", table="attribute_distribution", ext=ext)
+                             for ext in ("csv", "tex")}
+    else:
+        skip("attribute_distribution", "no fairness attribute of reliability.attributes is named in "
+                                       "analysis.subgroup_pairs" if ctx.datasets else "no dataset")
     s = ctx.settings
     run = set(ctx.protocols) | set(ctx.ft_protocols)
     ft, lp = s["finetune_protocol"], s["linear_protocol"]
@@ -169,11 +202,12 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
     return out
 
 
-def family_inputs(family: str, results: str, ctx: AnalysisContext) -> dict[str, str]:
-    """Input paths of a family's job."""
+def family_inputs(family: str, results: str, ctx: AnalysisContext) -> dict[str, str | list[str]]:
+    """Input paths of a family's job (``manifests``: the config's datasets' manifests, a list)."""
     P = Paths(results)
-    paths = {"metrics": P.path("metrics"), "ranks": P.path("analysis_table", table="ranks", ext="parquet"),
-             "baselines": baselines_path(results)}
+    paths: dict[str, str | list[str]] = {
+        "metrics": P.path("metrics"), "ranks": P.path("analysis_table", table="ranks", ext="parquet"),
+        "baselines": baselines_path(results), "manifests": [P.path("manifest", dataset=d) for d in ctx.datasets]}
     if ctx.subgroups_path:
         paths["subgroups"] = str(Path(results) / ctx.subgroups_path)
     if ctx.lr_source:

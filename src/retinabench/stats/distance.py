@@ -16,8 +16,8 @@ relative rank under the comparison.** Which side is the reference is declared, n
   rank at the sub-optimal lr, i.e. less lr-sensitive than the other encoders).
 
 Every table carries ``reference``, ``comparison``, ``distance`` and a one-line ``meaning``. Grouping the encoders by
-pretraining domain, method (or model-size class), :func:`scipy.stats.kruskal` tests whether the groups shift
-differently between the conditions (two-sided).
+the paper's pretraining-domain group and pretraining-method group (:mod:`retinabench.stats.groups`; or by model-size
+class), :func:`scipy.stats.kruskal` tests whether the groups shift differently between the conditions (two-sided).
 """
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ from itertools import combinations
 import pandas as pd
 from scipy import stats
 
+from retinabench.stats.groups import GROUP_FIELDS, domain_group, method_group, order_by_size
 from retinabench.stats.ranks import select
 
-GROUP_BYS = ("domain", "method")
+GROUP_BYS = GROUP_FIELDS                 # the paper's groupings: pretraining-domain group, method group
+INFO_FIELDS = ("domain", "method")       # the registry's own words, carried beside the groups
 # Reference order of protocol pairs: the earlier protocol is the reference (fine-tuning first, the paper's).
 PROTOCOL_PRECEDENCE = ("finetune", "linear_aug", "linear", "logreg", "knn")
 DISTANCE_COLUMNS = ["name", "family", "reference", "comparison", "encoder", "rank_reference", "rank_comparison",
@@ -65,7 +67,7 @@ def kruskal_by_group(values: pd.Series, groups: pd.Series, alpha: float = 0.05) 
     if missing:
         raise KeyError(f"kruskal_by_group: no group for encoders {missing}")
     g = groups.loc[values.index]
-    samples = {name: values[g == name].to_numpy(dtype=float) for name in sorted(g.unique())}
+    samples = {name: values[g == name].to_numpy(dtype=float) for name in order_by_size(g)}
     out = {"n_groups": len(samples), "n_encoders": int(len(values)),
            "groups": "; ".join(f"{k} (n={len(v)})" for k, v in samples.items())}
     if len(samples) < 2:
@@ -130,7 +132,8 @@ def subset_comparisons(tasks: dict[str, dict], subsets: dict[str, list[str]], *,
 
 
 def distance_table(ranks: pd.DataFrame, comparisons: list[Comparison], encoders: dict[str, dict]) -> pd.DataFrame:
-    """One row per (comparison, encoder): :data:`DISTANCE_COLUMNS` plus the encoder's domain and method."""
+    """One row per (comparison, encoder): :data:`DISTANCE_COLUMNS` plus the encoder's domain and method (the
+    registry's words) and its domain group and method group (the paper's groups)."""
     frames = []
     for c in comparisons:
         r_ref = select(ranks, **c.where_reference).groupby("encoder")["rank"].mean()
@@ -139,7 +142,7 @@ def distance_table(ranks: pd.DataFrame, comparisons: list[Comparison], encoders:
     if not frames:
         raise ValueError("distance_table: no comparisons")
     out = pd.concat(frames, ignore_index=True)
-    return _with_groups(out, encoders, GROUP_BYS)
+    return _with_groups(out, encoders, (*INFO_FIELDS, *GROUP_BYS))
 
 
 def distance_rows(name: str, family: str, reference: str, comparison: str, rank_reference: pd.Series,
@@ -155,7 +158,8 @@ def distance_rows(name: str, family: str, reference: str, comparison: str, rank_
 
 
 def with_groups(table: pd.DataFrame, encoders: dict[str, dict], keys: tuple[str, ...] = GROUP_BYS) -> pd.DataFrame:
-    """Add each encoder's grouping fields (pretraining domain, method, or e.g. size_class) to a distance table."""
+    """Add each encoder's grouping fields (domain group, method group, or registry fields such as size_class) to a
+    distance table."""
     return _with_groups(table.copy(), encoders, keys)
 
 
@@ -164,7 +168,12 @@ def _with_groups(table: pd.DataFrame, encoders: dict[str, dict], keys: tuple[str
     if unknown:
         raise KeyError(f"no registry entry ({'/'.join(keys)}) for encoders {unknown}")
     for key in keys:
-        table[key] = [_meta(encoders[e], key, e) for e in table["encoder"]]
+        if key == "domain_group":
+            table[key] = [domain_group(encoders[e].get("domain"), f"encoder {e!r}") for e in table["encoder"]]
+        elif key == "method_group":
+            table[key] = [method_group(encoders[e], f"encoder {e!r}") for e in table["encoder"]]
+        else:
+            table[key] = [_meta(encoders[e], key, e) for e in table["encoder"]]
     return table
 
 
@@ -176,7 +185,7 @@ def _meta(entry: dict, key: str, name: str) -> str:
 
 def kruskal_table(distances: pd.DataFrame, alpha: float = 0.05, group_bys: tuple[str, ...] = GROUP_BYS
                   ) -> pd.DataFrame:
-    """Kruskal–Wallis across each grouping (default: pretraining domain, method), for every comparison of a
+    """Kruskal–Wallis across each grouping (default: domain group, method group), for every comparison of a
     distance table."""
     rows = []
     keys = ["name", "family", "reference", "comparison"]
@@ -193,5 +202,5 @@ def group_means(values: pd.Series, groups: pd.Series) -> pd.DataFrame:
     the paper's signed-distance figures."""
     g = groups.loc[values.index]
     out = pd.DataFrame({"group": g.to_numpy(), "value": values.to_numpy()}).groupby("group")["value"].agg(
-        n="size", mean="mean").reset_index()
-    return out.sort_values(["n", "group"], ascending=[False, True]).reset_index(drop=True)
+        n="size", mean="mean")
+    return out.loc[order_by_size(g)].reset_index()

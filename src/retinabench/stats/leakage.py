@@ -15,7 +15,6 @@ import pandas as pd
 
 from retinabench.stats.ranks import positions, select
 
-OPHTHALMIC_DOMAINS = ("cfp", "oct", "cfp+oct")
 SUBSET_LABELS = {"no_known_exposure": "tasks without known exposure", "low_risk": "low web-exposure-risk datasets"}
 LEAKAGE_REFERENCE = "all tasks"
 LEAKAGE_MEANING = ("positive = improved rank on the restricted benchmark (position / mean rank on all tasks minus on "
@@ -34,21 +33,52 @@ def exposed_datasets(encoders: dict[str, dict], benchmark_datasets: list[str]) -
             for e, m in encoders.items()}
 
 
-def exposure_likelihood(encoders: dict[str, dict], datasets: dict[str, dict]) -> dict[str, str]:
-    """``known``: exposure to a benchmark dataset is recorded; ``possible``: pretrained on retinal images
-    (domain cfp / oct / cfp+oct) while the benchmark holds freely downloadable (high-risk) datasets;
-    ``unlikely`` otherwise."""
+# How likely an encoder's pretraining exposed it to the benchmark's images (OcularBench Fig. 2 colours each encoder by
+# its estimated likelihood of web-scale exposure), derived from the registry's `exposure` and `pretraining_data`:
+#   known     `exposure` names a benchmark dataset (recorded in the encoder's paper or model card);
+#   likely    a pretraining corpus crawled from the web at scale (WEB_SCALE_CORPORA) while the benchmark holds a
+#             freely downloadable dataset (web_exposure_risk high): web-scale natural-image and CLIP-like encoders;
+#   possible  a collection assembled from public ophthalmic datasets without an itemised list (PUBLIC_COLLECTIONS);
+#   unlikely  curated or institutional data only (ImageNet, hospital archives, pathology slides, chest x-rays), or no
+#             pretraining at all (random initialisation).
+# A pretraining_data item is matched by its id (the text before " (", lower case). A new web-scale corpus or public
+# collection is added here.
+WEB_SCALE_CORPORA = frozenset({"lvd-142m", "lvd-1689m", "wit-400m", "webli", "web-text-image", "llava-next-data",
+                               "laion-400m", "laion-2b", "datacomp-1b"})
+PUBLIC_COLLECTIONS = frozenset({"public-cfp-collection", "flair-collection", "flair-37-datasets", "oct-public",
+                                "eyeclip-2.77m-multimodal-ophthalmic"})
+LIKELIHOODS = ("known", "likely", "possible", "unlikely")
+
+
+def _corpus_id(item: str) -> str:
+    return str(item).split(" (")[0].strip().lower()
+
+
+def exposure_assessment(encoders: dict[str, dict], datasets: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """Per encoder: (likelihood, basis) by the rules above; ``basis`` says which registry field decided it."""
     exposed = exposed_datasets(encoders, list(datasets))
     any_high = any(_get(d, "web_exposure_risk", f"dataset {n!r}") == "high" for n, d in datasets.items())
     out = {}
     for e, meta in encoders.items():
+        corpora = [_corpus_id(c) for c in meta.get("pretraining_data") or []]
+        web = [c for c in corpora if c in WEB_SCALE_CORPORA]
+        public = [c for c in corpora if c in PUBLIC_COLLECTIONS]
         if exposed[e]:
-            out[e] = "known"
-        elif any_high and _get(meta, "domain", f"encoder {e!r}") in OPHTHALMIC_DOMAINS:
-            out[e] = "possible"
+            out[e] = ("known", f"exposure: {', '.join(exposed[e])}")
+        elif web and any_high:
+            out[e] = ("likely", f"web-scale pretraining: {', '.join(web)}")
+        elif public:
+            out[e] = ("possible", f"public ophthalmic collection: {', '.join(public)}")
+        elif web:
+            out[e] = ("unlikely", f"web-scale pretraining ({', '.join(web)}) but no freely downloadable dataset")
         else:
-            out[e] = "unlikely"
+            out[e] = ("unlikely", f"curated pretraining data: {', '.join(corpora)}" if corpora else "no pretraining")
     return out
+
+
+def exposure_likelihood(encoders: dict[str, dict], datasets: dict[str, dict]) -> dict[str, str]:
+    """Per encoder its exposure likelihood (one of :data:`LIKELIHOODS`; :func:`exposure_assessment`)."""
+    return {e: level for e, (level, _) in exposure_assessment(encoders, datasets).items()}
 
 
 def leakage_subsets(tasks: dict[str, dict], encoders: dict[str, dict],
@@ -79,8 +109,10 @@ def informative_subsets(subsets: dict[str, list[str]], all_tasks: list[str]) -> 
 
 
 def leakage_rerank(ranks: pd.DataFrame, subsets: dict[str, list[str]], *, metric: str, protocol: str,
-                   regime: str, likelihood: dict[str, str], exposure: dict[str, list[str]]) -> pd.DataFrame:
-    """Per (subset, encoder): mean rank and position on all tasks and on the subset, and the signed changes."""
+                   regime: str, likelihood: dict[str, tuple[str, str]], exposure: dict[str, list[str]]
+                   ) -> pd.DataFrame:
+    """Per (subset, encoder): mean rank and position on all tasks and on the subset, the signed changes, and the
+    encoder's exposure likelihood with its basis (``likelihood``: :func:`exposure_assessment`)."""
     base = select(ranks, metric=metric, protocol=protocol, regime=regime)
     all_mean = base.groupby("encoder")["rank"].mean()
     all_pos = positions(all_mean)
@@ -104,7 +136,8 @@ def leakage_rerank(ranks: pd.DataFrame, subsets: dict[str, list[str]], *, metric
     out["mean_rank_change"] = out["mean_rank_all"] - out["mean_rank_subset"]
     out["position_change"] = out["position_all"] - out["position_subset"]
     out["meaning"] = LEAKAGE_MEANING
-    out["likelihood"] = [likelihood[e] for e in out["encoder"]]
+    out["likelihood"] = [likelihood[e][0] for e in out["encoder"]]
+    out["likelihood_basis"] = [likelihood[e][1] for e in out["encoder"]]
     out["known_exposure"] = [",".join(exposure.get(e, [])) for e in out["encoder"]]
     return out.assign(metric=metric, protocol=protocol, regime=regime)
 

@@ -15,7 +15,11 @@ from retinabench.metrics.table import higher_is_better
 from retinabench.regimes import Regime
 from retinabench.schemas import METRICS
 DOMAINS = ("natural", "cfp", "oct", "cfp+oct", "pathology", "radiology", "none")
-METHODS = ("supervised", "MAE", "DINOv2 self-distillation", "CLIP", "random initialisation")
+# (method, method_group, pretraining_data)
+METHODS: tuple[tuple[str, str, list[str]], ...] = (
+    ("supervised", "supervised", ["imagenet-1k"]), ("MAE", "masked_modelling", ["meh-midas-cfp"]),
+    ("DINOv2 self-distillation", "self_distillation", ["lvd-142m"]), ("CLIP", "image_text", ["wit-400m"]),
+    ("random initialisation", "none", []))
 FAMILIES = ("dr_staging", "glaucoma", "dme", "amd", "myopia")
 SIZE_OF_PARAMS = {5.5: "tiny", 22.0: "small", 86.6: "base", 303.3: "large", 632.0: "huge"}
 
@@ -23,7 +27,7 @@ SIZE_OF_PARAMS = {5.5: "tiny", 22.0: "small", 86.6: "base", 303.3: "large", 632.
 @dataclass
 class SyntheticStudy:
     metrics: pd.DataFrame
-    encoders: dict[str, dict]   # domain, method, exposure, params_m
+    encoders: dict[str, dict]   # domain, method, method_group, pretraining_data, exposure, params_m, size_class
     tasks: dict[str, dict]      # dataset, modality, family
     datasets: dict[str, dict]   # web_exposure_risk
 
@@ -42,8 +46,10 @@ def synthetic_registries(n_encoders: int, n_tasks: int, *, n_datasets: int | Non
         domain = DOMAINS[i % len(DOMAINS)]
         exposure = [f"ds{j:02d}" for j in range(n_datasets) if domain in ("cfp", "cfp+oct") and j % 4 == 1]
         params = float(np.round(rng.choice([5.5, 22, 86.6, 303.3, 632]), 1))
-        encoders[f"enc{i:02d}"] = {"domain": domain, "method": METHODS[i % len(METHODS)], "exposure": exposure,
-                                   "params_m": params, "size_class": SIZE_OF_PARAMS[params]}
+        method, group, data = METHODS[i % len(METHODS)]
+        encoders[f"enc{i:02d}"] = {"domain": domain, "method": method, "method_group": group,
+                                   "pretraining_data": list(data), "exposure": exposure, "params_m": params,
+                                   "size_class": SIZE_OF_PARAMS[params]}
     return encoders, tasks, datasets
 
 
