@@ -82,3 +82,19 @@ def test_sensitivity_encoders_filter_the_sensitivity_jobs_only():
     assert ft.sensitivity_encoders == encoders and ft.sweep_regimes(sens) == ft.sweep_regimes(ft.sweep_task)
     with pytest.raises(ValueError, match=r"sweep.sensitivity_encoders \['nope'\] are not fine-tuned encoders"):
         WorkflowPlan({**demo, "sweep": {**demo["sweep"], "sensitivity_encoders": ["nope"]}})
+
+
+def test_the_grid_is_33_encoders_by_39_tasks_with_every_protocol_seed_and_regime(ocular):
+    """The paper's grid as planned (bench/dag_scale.py --configs ocularbench --rules gives the same per-rule job
+    counts from `snakemake -n`): frozen features per (encoder, dataset), one frozen job per (encoder, task) holding
+    kNN and the cached probe, fine-tuning and the augmented linear probe per (encoder, task, seed), each run tested
+    in the four regimes."""
+    assert len(ocular.encoders) == 33 and len(ocular.tasks) == 39 and len(ocular.datasets) == 19
+    assert ocular.config["protocols"] == ["knn", "linear"] and ocular.config["seeds"] == [0, 1, 2]
+    assert ocular.config["regimes"] == ["u-u", "u-b", "b-b", "b-u"]
+    ft = ocular.finetune
+    assert ft.protocols == ["finetune", "linear_aug"] and ft.encoders == ocular.encoders and ft.tasks == ocular.tasks
+    assert len(list(ft.grid())) == 2 * 33 * 39 * 3
+    assert len(ft.metrics_files()) == 2 * 33 * 39 * 3
+    assert len(ocular.frozen("metrics")) == 33 * 39
+    assert ocular.config["input_size"] == 224
