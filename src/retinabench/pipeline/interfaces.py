@@ -29,7 +29,7 @@ def task_inputs(job: Job) -> list:
         if lacking:
             raise KeyError(f"rule {job.rule}: inputs native needs the raw folder of dataset(s) {lacking} (job "
                            f"params `roots`: {roots})")
-        images = {d: original_images(manifests[d], d, roots[d]) for d in datasets}
+        images: dict[str, tuple[list[str], Any]] = {d: original_images(manifests[d], d, roots[d]) for d in datasets}
     else:
         from retinabench.data.image_cache import open_image_cache
         images = {}
