@@ -82,3 +82,51 @@ def test_zeroshot_and_mllm_stages_write_predictions_metrics_and_sidecars(phantom
     ps = read_table(tmp_path / "ps.parquet")
     assert set(ps["base_protocol"]) == {"zeroshot", "zeroshot_focus", "mllm", "mllm_renorm"}
     assert set(read_table(tmp_path / "ece.parquet")["prompt_set"]) == {"focus", "plain"}
+
+
+def test_native_inputs_stage_decodes_the_originals_and_records_the_processor_key(phantom_files, tiny_mllms, tmp_path):
+    """inputs: native as the rule runs it: no image cache among the inputs, the raw folder in the params, the
+    originals through the model's processor; the mode and the processor key in the provenance."""
+    from retinabench.models.tiny import build_tiny_siglip
+    root, task = phantom_files
+    sig = build_tiny_siglip(tmp_path / "sig")
+    entry, folder = tiny_mllms["tiny_qwen2_vl"]
+    for rule, e, w in (("zeroshot", sig, tmp_path / "sig"), ("mllm", entry, folder)):
+        out = tmp_path / rule
+        job = job_for(rule, root, task, e, w, out)
+        for key in ("array_phantom", "index_phantom"):
+            del job.input[key]
+        job.params["job"]["settings"]["inputs"] = "native"
+        with pytest.raises(KeyError, match="inputs native needs the raw folder"):
+            run_stage(rule, job)
+        job.params["job"]["roots"] = {"phantom": str(root / "raw")}
+        run_stage(rule, job)
+        side = json.loads((out / "predictions.parquet.prov.json").read_text())
+        rec = side["extra"]["inputs"]
+        assert rec["mode"] == "native" and len(rec["key"]) == 64, rec
+        assert side["config"][rule]["inputs"] == "native"
+        assert len(read_table(out / "predictions.parquet", "predictions"))
+
+
+def test_the_plan_gives_native_jobs_the_raw_files_and_roots_instead_of_the_cache():
+    import yaml
+
+    from retinabench.plan import WorkflowPlan
+    c = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    c["registries"] = {k: str(REPO / v) for k, v in c["registries"].items()}
+
+    class WC:
+        encoder, task_set = "clip_vitb32_openai", "all"
+    jobs = {}
+    for mode in ("cache", "native"):
+        c["zeroshot"] = dict(c["zeroshot"], enabled=True, encoders=["clip_vitb32_openai"], inputs=mode)
+        p = WorkflowPlan(c)
+        jobs[mode] = (p.interfaces.job_inputs("zeroshot", WC), p.interfaces.job_params("zeroshot", WC), p)
+    (ci, cp, _), (ni, np_, p) = jobs["cache"], jobs["native"]
+    datasets = np_["datasets"]
+    assert {k for k in ci if k.startswith("array_")} == {f"array_{d}" for d in datasets} and "roots" not in cp
+    assert not any(k.startswith(("array_", "index_")) for k in ni)
+    assert {k: v for k, v in ni.items() if k.startswith("raw_files_")} == {
+        f"raw_files_{d}": p.interfaces.core.path("raw_files", dataset=d) for d in datasets}
+    assert np_["roots"] == {d: p.interfaces.core.selection.dataset_root(d) for d in datasets}
+    assert np_["settings"]["inputs"] == "native" and cp["settings"]["inputs"] == "cache"

@@ -12,18 +12,34 @@ from retinabench.pipeline.stages import stage
 
 
 def task_inputs(job: Job) -> list:
-    """One TaskInput per task of the job: its split, the image cache of its dataset (memory-mapped) and manifest."""
-    from retinabench.data.image_cache import open_image_cache
+    """One TaskInput per task of the job: its split, its dataset's manifest and images — the image cache
+    (memory-mapped; the interface's ``inputs: cache``) or the original files under the dataset's raw folder
+    (``inputs: native``: the job's ``roots``, decoded as the model reaches them and passed through its own
+    processor)."""
     from retinabench.protocols.interfaces import TaskInput
+    from retinabench.protocols.native_inputs import original_images
     from retinabench.schemas import read_table
-    datasets = job.params["job"]["datasets"]
-    manifests = dict(zip(datasets, (read_table(p, "manifest") for p in job.input["manifests"])))
-    caches = {d: open_image_cache(job.input[f"array_{d}"], job.input[f"index_{d}"]) for d in datasets}
+    p = job.params["job"]
+    datasets = p["datasets"]
+    manifests = dict(zip(datasets, (read_table(path, "manifest") for path in job.input["manifests"])))
+    mode = (p.get("settings") or {}).get("inputs", "cache")
+    if mode == "native":
+        roots = p.get("roots") or {}
+        lacking = [d for d in datasets if d not in roots]
+        if lacking:
+            raise KeyError(f"rule {job.rule}: inputs native needs the raw folder of dataset(s) {lacking} (job "
+                           f"params `roots`: {roots})")
+        images: dict[str, tuple[list[str], Any]] = {d: original_images(manifests[d], d, roots[d]) for d in datasets}
+    else:
+        from retinabench.data.image_cache import open_image_cache
+        images = {}
+        for d in datasets:
+            arr, index = open_image_cache(job.input[f"array_{d}"], job.input[f"index_{d}"])
+            images[d] = (list(index["image_id"]), arr)
     out = []
-    for task, split_path in zip(job.params["job"]["tasks"], job.input["splits"]):
-        images, index = caches[task["dataset"]]
-        out.append(TaskInput(task, read_table(split_path, "split"), list(index["image_id"]), images,
-                             manifests[task["dataset"]]))
+    for task, split_path in zip(p["tasks"], job.input["splits"]):
+        ids, arr = images[task["dataset"]]
+        out.append(TaskInput(task, read_table(split_path, "split"), ids, arr, manifests[task["dataset"]]))
     return out
 
 
@@ -42,7 +58,8 @@ def stage_interface(job: Job) -> None:
     # input `weights` is the entry's own weights_path (a dependency only): the loader reads and verifies it
     # against the entry's sha256 pins, so the run is checked like every registry load
     preds = spec.run(entry, task_inputs(job), prompts, spec.section.of(section).job())
-    extra: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 2), "n_rows": int(len(preds))}
+    extra: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 2), "n_rows": int(len(preds)),
+                             "inputs": preds.attrs.get("inputs")}  # mode (+ processor key: native)
     if interface == "mllm":
         from retinabench.protocols.mllm import answer_counts
         counts = answer_counts(preds)

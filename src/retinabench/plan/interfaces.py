@@ -78,16 +78,29 @@ class InterfacesPlan:
         out = {"prompts": self.prompts_path,
                "splits": [core.task_split(t) for t in j.tasks],
                "manifests": [core.path("manifest", dataset=d) for d in j.datasets]}
-        for d in j.datasets:
-            for k, v in core.cache_files(d).items():
-                out[f"{k}_{d}"] = v
+        out.update(self.image_inputs(interface, j.datasets))
         out.update(core.local_weights(wc.encoder))
         return out
+
+    def image_inputs(self, interface: str, datasets) -> dict:
+        """The images' files by the interface's ``inputs``: the image cache of each dataset (``cache``), or its raw
+        files' snapshot (``native``: the job decodes the originals, and reruns when they change)."""
+        core = self.core
+        if self.settings[interface].inputs == "native":
+            return {f"raw_files_{d}": core.path("raw_files", dataset=d) for d in datasets}
+        return {f"{k}_{d}": v for d in datasets for k, v in core.cache_files(d).items()}
+
+    def image_params(self, interface: str, datasets) -> dict:
+        """``native`` inputs: the raw folder of each dataset (``roots``); nothing for ``cache``."""
+        if self.settings[interface].inputs != "native":
+            return {}
+        return {"roots": {d: self.core.selection.dataset_root(d) for d in datasets}}
 
     def job_params(self, interface: str, wc) -> dict:
         j = self.job(interface, wc)
         return {"entry": self.core.reg.encoder(wc.encoder), "tasks": [self.core.reg.task(t) for t in j.tasks],
-                "datasets": list(j.datasets), "settings": self.settings[interface].plain()}
+                "datasets": list(j.datasets), "settings": self.settings[interface].plain(),
+                **self.image_params(interface, j.datasets)}
 
     def resource(self, interface: str, key: str):
         return lambda wc: self.job(interface, wc).resources[key]

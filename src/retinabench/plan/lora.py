@@ -247,9 +247,7 @@ class LoraPlan:
                "splits": [core.task_split(t) for t in j.test_tasks],
                "manifests": [core.path("manifest", dataset=d) for d in self.datasets(j)],
                **self.core.local_weights(wc.encoder)}
-        for d in self.datasets(j):
-            for k, v in core.cache_files(d).items():
-                out[f"{k}_{d}"] = v
+        out.update(self.interfaces.image_inputs("mllm", self.datasets(j)))  # the mllm interface's `inputs`
         return out
 
     def datasets(self, j: AdapterJob) -> list[str]:
@@ -259,7 +257,8 @@ class LoraPlan:
         j = self.job(wc)
         return {"entry": self.core.reg.encoder(j.encoder), "tasks": [self.core.reg.task(t) for t in j.test_tasks],
                 "datasets": self.datasets(j), "settings": self.interfaces.settings["mllm"].plain(),
-                "device": self.settings.device, "source": j.source}
+                "device": self.settings.device, "source": j.source,
+                **self.interfaces.image_params("mllm", self.datasets(j))}
 
     def delta_inputs(self) -> dict:
         base = sorted(p for p in {self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks}

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from retinabench.protocols.native_inputs import OriginalImages
 from retinabench.settings.base import Section
 from retinabench.settings.protocols import MLLMSection, MLLMSettings, ZeroShotSection, ZeroShotSettings
 
@@ -29,13 +30,15 @@ __all__ = ["INTERFACES", "InterfaceSpec", "MLLMSettings", "TaskInput", "ZeroShot
 @dataclass(frozen=True)
 class TaskInput:
     """What a job needs of one task: the task entry, its split table (image_id, y, split, balanced), the images
-    (uint8 NHWC, e.g. the memory-mapped image cache) aligned with ``image_ids``, and the dataset's manifest rows
-    (the metadata an MLLM question may use and the label fields its leakage guard checks)."""
+    aligned with ``image_ids`` — uint8 NHWC (the memory-mapped image cache; ``inputs: cache``) or the original
+    files, decoded on access (:class:`~retinabench.protocols.native_inputs.OriginalImages`; ``inputs: native``) —
+    and the dataset's manifest rows (the metadata an MLLM question may use and the label fields its leakage guard
+    checks)."""
 
     task: dict
     split: pd.DataFrame
     image_ids: Sequence[str]
-    images: np.ndarray
+    images: np.ndarray | OriginalImages
     manifest: pd.DataFrame | None = None
 
     def __post_init__(self):

@@ -89,7 +89,8 @@ def _batch_inputs(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], ima
     proc = mllm.processor
     texts = [proc.apply_chat_template(prompt.messages(q), add_generation_prompt=True, tokenize=False)
              for q in questions]
-    imgs = [[np.asarray(im)] for im in images]  # one image per conversation (nested: the batched form)
+    # one image per conversation (nested: the batched form); a decoded original (inputs: native) as the PIL image
+    imgs = [[im if hasattr(im, "getbands") else np.asarray(im)] for im in images]
     inputs = proc(text=texts, images=imgs, padding=True, return_tensors="pt")
     out = {}
     for k, v in inputs.items():
@@ -300,8 +301,10 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     parser — on the adapter's own prompt set, the rows tagged by :func:`adapter_predictions` (protocols ``mllm_lora``,
     ``mllm_lora_renorm``; ``train_dataset``, ``train_task``, ``adapter``)."""
     from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
+    from retinabench.protocols.native_inputs import check_images, mllm_inputs_record
     s = MLLMSettings.of(settings, "mllm")
     m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
+    record = mllm_inputs_record(s.inputs, m.processor)
     prompt_sets = s.prompt_sets
     if adapter is not None:
         from retinabench.models.adapters import load_adapter
@@ -311,9 +314,10 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
         log(f"mllm {entry['name']}: adapter {adapter} (sha256 {rec['sha256'][:12]}, trained on "
             f"{rec['dataset']}/{rec['task']}, prompt set {rec['prompt_set']!r})")
     log(f"mllm {entry['name']}: {type(m.model).__name__} on {m.device} ({m.dtype}); yes/no tokens "
-        f"{sorted(m.tokens.counted, key=repr)}; {len(inputs)} task(s)")
+        f"{sorted(m.tokens.counted, key=repr)}; {len(inputs)} task(s); inputs {record}")
     frames = []
     for ti in inputs:
+        check_images(s.inputs, ti.images, f"mllm {entry['name']}/{ti.task['name']}")
         if ti.manifest is None:
             raise ValueError(f"mllm {entry['name']}/{ti.task['name']}: the job needs the dataset's manifest rows "
                              "(question metadata and the leakage guard)")
@@ -328,4 +332,6 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
             log(f"mllm {entry['name']}/{r.task} {r.protocol} {r.regime} {r.split}: {r.n_invalid} of {r.n} answers "
                 f"invalid ({r.invalid_rate:.1%}), {what}")
         frames.append(drop_invalid(preds) if s.invalid_answers == "drop" else preds)
-    return finish_predictions(frames, f"mllm {entry['name']}")
+    out = finish_predictions(frames, f"mllm {entry['name']}")
+    out.attrs["inputs"] = record  # the stage's provenance
+    return out

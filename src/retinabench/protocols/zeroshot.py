@@ -13,8 +13,10 @@ paraphrases, or templates × class names: the prompt registry decides). Two scor
 :func:`ece_difference` reports ECE(zeroshot_focus) − ECE(zeroshot) per cell. Zero-shot trains nothing, so a
 regime ``a-b`` only chooses rows: validation rows balanced when ``a`` is ``b``, test rows when ``b`` is; seed 0.
 
-Inputs: uint8 HWC images (the image cache, any size: resized bicubically to the model's input size and
-normalised with the entry's statistics, as frozen features are), the task's split table and the prompt registry.
+Inputs (``zeroshot.inputs``): ``cache``, uint8 HWC images (the image cache, any size: resized bicubically to the
+model's input size and normalised with the entry's statistics, as frozen features are), or ``native``, the decoded
+original files through the model's own image processor (:mod:`retinabench.protocols.native_inputs`); the task's
+split table and the prompt registry.
 """
 from __future__ import annotations
 
@@ -77,9 +79,11 @@ def native_proba(image_emb: np.ndarray, class_emb: np.ndarray, logit_scale: floa
 
 
 def embed_images(dual: DualEncoder, images: np.ndarray, *, rows: np.ndarray | None = None, batch_size: int = 64,
-                 device: str = "auto") -> np.ndarray:
+                 device: str = "auto", prepare: Callable | None = None) -> np.ndarray:
     """Image embeddings [N, D] (float32, not normalised) of uint8 NHWC images (``rows``: only these rows, in this
-    order; a memory-mapped cache is then read one batch at a time); bf16 autocast on CUDA."""
+    order; a memory-mapped cache is then read one batch at a time); bf16 autocast on CUDA. ``prepare``: the
+    model's own processor (``inputs: native``, :func:`retinabench.protocols.native_inputs.dual_processor`) turning
+    a batch of ``images`` (decoded originals) into pixel values, instead of resizing the cache."""
     import torch
 
     from retinabench.features.extract import pick_device, to_model_input
@@ -90,7 +94,8 @@ def embed_images(dual: DualEncoder, images: np.ndarray, *, rows: np.ndarray | No
     out = []
     with torch.inference_mode():
         for start in range(0, len(rows), batch_size):
-            x = to_model_input(images[rows[start:start + batch_size]], dual, dev)
+            batch = images[rows[start:start + batch_size]]
+            x = prepare(batch).to(dev) if prepare is not None else to_model_input(batch, dual, dev)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 emb = dual.encode_image(x)
             out.append(emb.float().cpu().numpy())
@@ -165,7 +170,7 @@ def zeroshot_predictions(image_ids: Sequence[str], image_emb: np.ndarray, split:
 def run_zeroshot(dual: DualEncoder, images: np.ndarray, image_ids: Sequence[str], split: pd.DataFrame, task: dict,
                  prompts: PromptRegistry, *, prompt_sets: Iterable[str] | None = None,
                  regimes: Sequence[str] = ("u-u",), batch_size: int = 64, device: str = "auto",
-                 siglip_text_padding: str = "max_length") -> pd.DataFrame:
+                 siglip_text_padding: str = "max_length", prepare: Callable | None = None) -> pd.DataFrame:
     """Zero-shot predictions of one (dual encoder, task): every prompt set of the task (or ``prompt_sets``),
     both scorings (SigLIP prompts padded by ``siglip_text_padding``, :func:`class_embeddings`). ``images``: uint8 NHWC aligned with ``image_ids`` (e.g. the memory-mapped image cache); only
     the images of the needed validation / test rows are embedded, once."""
@@ -179,7 +184,7 @@ def run_zeroshot(dual: DualEncoder, images: np.ndarray, image_ids: Sequence[str]
         raise KeyError(f"zero-shot {dual.name}/{task['name']}: {len(lacking)} split images are not among the "
                        f"images given, e.g. {lacking[:3]}")
     order = np.sort(np.fromiter((index[i] for i in needed), dtype=np.int64, count=len(needed)))
-    emb = embed_images(dual, images, rows=order, batch_size=batch_size, device=device)
+    emb = embed_images(dual, images, rows=order, batch_size=batch_size, device=device, prepare=prepare)
     cls = {s: class_embeddings(dual, prompts.zeroshot(s, task), siglip_text_padding) for s in sets}
     return zeroshot_predictions([image_ids[k] for k in order], emb, split, task, dual.name, cls,
                                 logit_scale=dual.logit_scale, logit_bias=dual.logit_bias,
@@ -221,18 +226,25 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     ``prompt_set``), checked against the schema; ``settings``: a
     :class:`~retinabench.protocols.interfaces.ZeroShotSettings` or its config section."""
     from retinabench.protocols.interfaces import ZeroShotSettings, finish_predictions
+    from retinabench.protocols.native_inputs import check_images, dual_processor
     s = ZeroShotSettings.of(settings, "zeroshot")
     dual = load_dual_encoder(entry, weights=weights)
+    proc = dual_processor(entry, dual, weights) if s.inputs == "native" else None
+    record = proc.record() if proc is not None else {"mode": "cache"}
+    log(f"zeroshot {entry['name']}: inputs {record}")
     log(f"zeroshot {entry['name']}: {dual.family} head, logit_scale {dual.logit_scale:.4g}"
         + ("" if dual.logit_bias is None else f", logit_bias {dual.logit_bias:.4g}, text padding "
                                               f"{s.siglip_text_padding}")
         + f"; {len(inputs)} task(s)")
     frames = []
     for ti in inputs:
+        check_images(s.inputs, ti.images, f"zeroshot {entry['name']}/{ti.task['name']}")
         preds = run_zeroshot(dual, ti.images, ti.image_ids, ti.split, ti.task, prompts, prompt_sets=s.prompt_sets,
                              regimes=s.regimes, batch_size=s.batch_size, device=s.device,
-                             siglip_text_padding=s.siglip_text_padding)
+                             siglip_text_padding=s.siglip_text_padding, prepare=proc)
         log(f"zeroshot {entry['name']}/{ti.task['name']}: {preds['protocol'].nunique()} protocol(s) "
             f"{sorted(preds['protocol'].unique())}, {len(preds)} rows")
         frames.append(preds)
-    return finish_predictions(frames, f"zeroshot {entry['name']}")
+    out = finish_predictions(frames, f"zeroshot {entry['name']}")
+    out.attrs["inputs"] = record  # the stage's provenance
+    return out

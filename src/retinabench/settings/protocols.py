@@ -79,6 +79,10 @@ class _PromptJob(Section):
     regimes: Regimes = Field(["u-u"], description="which rows are predicted (zero-shot trains nothing)")
     batch_size: PositiveInt = Field(64, description="images per forward pass")
     device: Device = Field("auto", description="auto: CUDA if present")
+    inputs: Literal["cache", "native"] = Field(
+        "cache", description="the images a model receives: cache (the image cache every vision encoder sees, "
+                             "resized to the model's input size) or native (FOCUS: the original file, decoded, "
+                             "through the model's own processor: its resize, crop or dynamic resolution)")
 
 
 class ZeroShotSettings(_PromptJob):
