@@ -1,4 +1,6 @@
 """Protocol sensitivity: each convention's two values on the same rows, with a known answer on small synthetic cases."""
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,7 +24,7 @@ def manifest(n_patients, per_patient=1, seed=0):
     rng = np.random.default_rng(seed)
     rows = []
     for p in range(n_patients):
-        age, sex = float(rng.integers(30, 90)), ("female", "male")[p % 2]
+        age, sex = float(rng.integers(30, 90)), ("female", "male")[(p // 2) % 2]
         rows += [{"dataset": "d", "image_id": f"P{p}_{k}", "patient_id": f"P{p}", "age": age, "sex": sex,
                   "quality": "good", "site": "s"} for k in range(per_patient)]
     return pd.DataFrame(rows)
@@ -186,3 +188,25 @@ def test_invalid_answers_skipped_when_the_predictions_dropped_them():
 def test_unknown_attribute_is_named():
     with pytest.raises(KeyError, match="nope"):
         SensitivityInputs(settings(attributes=["nope"]), {"t": TASK}, manifest(2))
+
+
+def test_table_matches_its_schema_and_the_figure_draws_each_compared_convention(tmp_path):
+    from retinabench.figures.protocol_sensitivity import forest_plots
+    from retinabench.schemas import KINDS, read_table, write_table
+    ids, feats, split, man = probe_world()
+    inp = SensitivityInputs(settings(conventions=["logreg.variant", "features.probe_embedding",
+                                                  "mllm.invalid_answers"]), {"t": TASK}, man)
+    features = {("logreg.variant", "e", "t"): {"ours": (ids, feats), "focus": (ids, feats)},
+                ("features.probe_embedding", "e", "t"): {"pre_projection": (ids, feats),
+                                                         "projected_l2": "not compared: a reason"}}
+    out = protocol_sensitivity(inp, preds=pd.DataFrame(), features=features, splits={"t": split},
+                               logreg={"variant": "ours", "C": 1.0, "max_iter": "auto"},
+                               configured={"mllm.invalid_answers": "keep_as_wrong"}, encoder_order=["e"])
+    assert KINDS["protocol_sensitivity"].names == COLUMNS
+    write_table(out, tmp_path / "t.parquet", "protocol_sensitivity")
+    back = read_table(tmp_path / "t.parquet", "protocol_sensitivity")
+    skipped = back[back["skipped"]]
+    assert set(skipped["convention"]) == {"features.probe_embedding", "mllm.invalid_answers"}
+    assert "no MLLM predictions" in skipped[skipped["convention"] == "mllm.invalid_answers"]["reason"].iloc[0]
+    paths = forest_plots(back, tmp_path / "fig")
+    assert sorted(Path(p).name for p in paths) == ["logreg_variant.pdf", "logreg_variant.png"]
