@@ -210,3 +210,12 @@ def test_table_matches_its_schema_and_the_figure_draws_each_compared_convention(
     assert "no MLLM predictions" in skipped[skipped["convention"] == "mllm.invalid_answers"]["reason"].iloc[0]
     paths = forest_plots(back, tmp_path / "fig")
     assert sorted(Path(p).name for p in paths) == ["logreg_variant.pdf", "logreg_variant.png"]
+
+
+def test_every_convention_has_its_two_values_and_the_default_compares_all():
+    from typing import get_args
+
+    from retinabench.settings.reliability import SENSITIVITY_CONVENTIONS, SensitivityConvention
+    assert list(get_args(SensitivityConvention)) == list(SENSITIVITY_CONVENTIONS)
+    assert ReliabilitySettings().protocol_sensitivity.conventions == list(SENSITIVITY_CONVENTIONS)
+    assert not ReliabilitySettings().protocol_sensitivity.enabled

@@ -2,7 +2,7 @@
 (`analysis:`, workflow/rules/analysis.smk)."""
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -127,7 +127,7 @@ class ProtocolSensitivitySettings(Section):
 
     enabled: bool = Field(False, description="opt-in: rule protocol_sensitivity (a table and a figure)")
     conventions: Annotated[list[SensitivityConvention], Field(min_length=1, json_schema_extra={"uniqueItems": True}),
-                           Distinct] = Field(list(SENSITIVITY_CONVENTIONS), description="conventions compared")
+                           Distinct] = Field(list(get_args(SensitivityConvention)), description="conventions compared")
     metrics: Annotated[list[Literal["auroc", "ece", "accuracy"]], Field(min_length=1,
                                                                          json_schema_extra={"uniqueItems": True}),
                        Distinct] = Field(["auroc", "ece", "accuracy"],
