@@ -1,5 +1,5 @@
 """Forest plots of the protocol-sensitivity table (retinabench.reliability.sensitivity): per convention, one panel
-per metric, one row per (model, task, overall or fairness gap) with delta = value b − value a and its paired
+per metric family (macro AUROC and top-label ECE of multi-class tasks join AUROC and ECE), one row per (model, task, overall or fairness gap) with delta = value b − value a and its paired
 bootstrap CI; a red marker where a conclusion changes (docs/reliability.md, "Protocol sensitivity")."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from retinabench.figures import style  # noqa: F401  (sets the Agg backend and r
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from retinabench.metrics.table import metric_family  # noqa: E402
 from retinabench.figures.style import FONT, MAX_HEIGHT_MM, figsize, page_slices, save, suptitle  # noqa: E402
 
 ROW_MM, CHROME_MM = 3.4, 30.0
@@ -21,6 +22,13 @@ CHANGED, KEPT = "#c0392b", "0.25"
 
 def file_stem(convention: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", convention.lower()).strip("_")
+
+
+def panel(metric: str) -> str:
+    """The panel of a metric: its family (auroc_macro -> auroc, ece_top_label -> ece), suffix kept ("auroc delta
+    CI width")."""
+    head, _, tail = metric.partition(" ")
+    return f"{metric_family(head)} {tail}".strip()
 
 
 def _label(r: pd.Series) -> str:
@@ -36,7 +44,8 @@ def forest_plots(table: pd.DataFrame, out_dir: str | Path) -> list[str]:
     per_page = max(1, int((MAX_HEIGHT_MM - CHROME_MM) / ROW_MM))
     for convention, part in done.groupby("convention", sort=True):
         labels = list(dict.fromkeys(_label(r) for _, r in part.iterrows()))
-        metrics = list(dict.fromkeys(part["metric"]))
+        part = part.assign(panel=[panel(m) for m in part["metric"]])
+        metrics = list(dict.fromkeys(part["panel"]))
         pages = page_slices(len(labels), per_page)
         for i, sl in enumerate(pages):
             rows = labels[sl]
@@ -44,7 +53,7 @@ def forest_plots(table: pd.DataFrame, out_dir: str | Path) -> list[str]:
                                      squeeze=False, layout="constrained")
             y_of = {lab: k for k, lab in enumerate(rows)}
             for ax, metric in zip(axes[0], metrics):
-                m = part[part["metric"] == metric]
+                m = part[part["panel"] == metric]
                 m = m[[_label(r) in y_of for _, r in m.iterrows()]]
                 for _, r in m.iterrows():
                     y = y_of[_label(r)]
