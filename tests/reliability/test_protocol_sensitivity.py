@@ -219,3 +219,22 @@ def test_every_convention_has_its_two_values_and_the_default_compares_all():
     assert list(get_args(SensitivityConvention)) == list(SENSITIVITY_CONVENTIONS)
     assert ReliabilitySettings().protocol_sensitivity.conventions == list(SENSITIVITY_CONVENTIONS)
     assert not ReliabilitySettings().protocol_sensitivity.enabled
+
+
+def test_gaps_of_any_manifest_column_and_unknown_images_are_named():
+    ids, feats, split, man = probe_world()
+    man = man.assign(eye=np.where(np.arange(len(man)) % 4 < 2, "OD", "OS"))
+    s = ReliabilitySettings.from_config({"reliability": {
+        "attributes": [{"name": "eye", "column": "eye", "groups": ["OD", "OS"]}],
+        "protocol_sensitivity": {"enabled": True, "attributes": ["eye"], "metrics": ["auroc"],
+                                 "conventions": ["logreg.variant"]}}})
+    inp = SensitivityInputs(s, {"t": TASK}, man)
+    rows = inp.attach(split[split["split"] == "test"].assign(dataset="d"))
+    assert set(rows["eye"]) == {"OD", "OS"}
+    features = {("logreg.variant", "e", "t"): {"ours": (ids, feats), "focus": (ids, feats)}}
+    out = protocol_sensitivity(inp, preds=pd.DataFrame(), features=features, splits={"t": split},
+                               logreg={"variant": "ours", "C": 1.0, "max_iter": "auto"}, configured={},
+                               encoder_order=["e"])
+    assert not out["skipped"].any() and set(out["attribute"]) == {"", "eye"}
+    with pytest.raises(KeyError, match="not in the manifest"):
+        inp.attach(pd.DataFrame({"dataset": ["d"], "image_id": ["nope"]}))
