@@ -71,11 +71,22 @@ TRAINING_LOG = pa.schema([
     ("train_regime", pa.string()), ("epoch", pa.int64()), ("step", pa.int64()), ("lr", pa.float64()),
     ("train_loss", pa.float64()), ("val_loss", pa.float64()), ("best", pa.bool_()),
 ])
+# Protocol sensitivity (retinabench.reliability.sensitivity): both values of a named convention on the same rows.
+PROTOCOL_SENSITIVITY = pa.schema([
+    ("convention", pa.string()), ("variant_a", pa.string()), ("variant_b", pa.string()), ("source", pa.string()),
+    ("encoder", pa.string()), ("protocol", pa.string()), ("task", pa.string()), ("dataset", pa.string()),
+    ("metric", pa.string()), ("attribute", pa.string()), ("value_a", pa.float64()), ("value_b", pa.float64()),
+    ("delta", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()), ("p_value", pa.float64()),
+    ("n_a", pa.int64()), ("n_b", pa.int64()), ("n_units", pa.int64()), ("conclusion", pa.string()),
+    ("call_a", pa.string()), ("call_b", pa.string()), ("conclusion_changes", pa.bool_()), ("skipped", pa.bool_()),
+    ("reason", pa.string()),
+])
 
 KINDS = {"manifest": MANIFEST, "exclusions": EXCLUSIONS, "split": SPLIT, "image_index": IMAGE_INDEX,
          "predictions": PREDICTIONS, "metrics": METRICS, "training_log": TRAINING_LOG,
          "dataset_split": DATASET_SPLIT, "image_hashes": IMAGE_HASHES, "duplicates": DUPLICATES,
-         "cross_duplicates": CROSS_DUPLICATES, "raw_files": RAW_FILES}
+         "cross_duplicates": CROSS_DUPLICATES, "raw_files": RAW_FILES,
+         "protocol_sensitivity": PROTOCOL_SENSITIVITY}
 # Kinds whose tables may carry columns beyond the fixed ones, and the type those extras must have.
 _OPEN_KINDS = {"manifest": pa.string(), "predictions": None}
 

@@ -41,6 +41,7 @@ SECTIONS: dict[str, str] = {
     "leakage_rank_change": LEAKAGE, "top_k": LEAKAGE, "top_k_oct": LEAKAGE,
     "attribute_distribution": FAIRNESS, "subgroup_accuracy": FAIRNESS, "fairness_gaps": FAIRNESS, "subgroup_scatter": FAIRNESS,
     "lr_sensitivity": SENSITIVITY, "srd_lr": SENSITIVITY, "lr_transfer": SENSITIVITY,
+    "protocol_sensitivity": SENSITIVITY,
     "reliability_diagrams": RELIABILITY, "transfer": RELIABILITY,
     "skipped_analyses": SKIPPED_SECTION, "saliency": SALIENCY_COMPUTE, "compute": SALIENCY_COMPUTE,
     "lora_table5": LORA,

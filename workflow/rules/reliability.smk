@@ -118,3 +118,85 @@ rule reliability_figure:
         groups=REL.transfer_groups,
     script:
         STAGE
+
+
+# Protocol sensitivity (reliability.protocol_sensitivity, opt-in): both values of each named convention on the
+# same features or predictions (docs/reliability.md, "Protocol sensitivity"). Plan: REL.sensitivity.
+SENS = REL.sensitivity
+
+
+rule protocol_sensitivity_features:
+    input:
+        unpack(SENS.feature_inputs),
+    output:
+        features=P.path("sensitivity_features"),
+    log:
+        P.log("protocol_sensitivity_features"),
+    wildcard_constraints:
+        variant=SENS.variant_constraint(),
+    conda:
+        TORCH_ENV
+    threads: 2
+    resources:
+        mem_mb=P.encoder_resource("mem_mb"),
+        runtime=P.encoder_resource("runtime"),
+        gpu=P.encoder_resource("gpu"),
+    params:
+        code=P.code("protocol_sensitivity_features"),
+        encoder=SENS.feature_entry,
+        features=SENS.feature_settings,
+    script:
+        STAGE
+
+
+rule protocol_sensitivity:
+    input:
+        **SENS.inputs(),
+    output:
+        table=SENS.table(),
+    log:
+        P.log("protocol_sensitivity"),
+    conda:
+        TORCH_ENV
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        code=P.code("protocol_sensitivity"),
+        reliability=REL.parts(
+            "protocol_sensitivity",
+            "bootstrap",
+            "n_bins",
+            "ece_bin_edges",
+            "attributes",
+            "fairness_score_attributes",
+            "min_group_size",
+            "paired",
+        ),
+        tasks=REL.plan_tasks,
+        sensitivity=SENS.params(),
+    script:
+        STAGE
+
+
+rule protocol_sensitivity_figure:
+    input:
+        table=SENS.table(),
+    output:
+        dir=report(
+            directory(SENS.figure_dir()),
+            patterns=["{convention}.png"],
+            caption="../report/protocol_sensitivity.rst",
+            category=REL.section("protocol_sensitivity"),
+            subcategory="protocol sensitivity",
+            labels={"figure": "protocol sensitivity", "convention": "{convention}"},
+        ),
+    log:
+        P.log("protocol_sensitivity_figure"),
+    conda:
+        CORE_ENV
+    params:
+        code=P.code("protocol_sensitivity_figure"),
+    script:
+        STAGE

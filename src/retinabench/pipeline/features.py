@@ -7,7 +7,7 @@ from retinabench.pipeline.job import Job, write_outputs
 from retinabench.pipeline.stages import stage
 
 
-@stage("features")
+@stage("features", "protocol_sensitivity_features")
 def stage_features(job: Job) -> None:
     import torch
     from retinabench.features.extract import build_probe_encoder, extract_features

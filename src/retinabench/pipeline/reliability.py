@@ -124,3 +124,71 @@ def stage_reliability_figure(job) -> None:
     paths.append(write_artifact(skip_table.frame(rows), out_dir / "skipped.csv"))
     write_outputs(job, written=paths, config={"reliability": {"figures": sel}},
                   extra={"figure": which, "panel_groups": sorted(Path(p).stem for p in paths if p.endswith(".png"))})
+
+
+@stage("protocol_sensitivity")
+def stage_protocol_sensitivity(job) -> None:
+    """Both values of each named convention on the same features / predictions (retinabench.reliability.
+    sensitivity_run): one table."""
+    from functools import cache
+
+    from retinabench.features.extract import load_features
+    from retinabench.reliability.sensitivity_run import SensitivityInputs, l2_normalised, protocol_sensitivity
+    from retinabench.schemas import read_table
+    p, tasks, sp = job.params["reliability"], job.params["tasks"], job.params["sensitivity"]
+    settings = ReliabilitySettings.of(p)
+    manifest = _read_many(job.input["manifests"], "manifest")
+    splits = {Path(s).stem: read_table(s, "split") for s in job.input["splits"]}
+    frames = [prepare_predictions(read_table(path, "predictions"), tasks, key.split("/")[0])
+              for key, path in sp["predictions"].items()]
+    preds = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    @cache
+    def features(key: str, extracted: bool = False):
+        return load_features((sp["extracted"] if extracted else sp["features"])[key])
+
+    from retinabench.plan.sensitivity import BASE, DERIVE, EXTRACT, variant_name
+    cells = {}
+    for convention, encoders in sp["feature_sources"].items():
+        for encoder, values in encoders.items():
+            for task, spec in tasks.items():
+                dataset = spec["dataset"]
+                got = {}
+                for value, source in values.items():
+                    base = f"{encoder}/{dataset}"
+                    if source == BASE:
+                        got[value] = features(base)
+                    elif source == DERIVE:
+                        ids, x = features(base)
+                        got[value] = (ids, l2_normalised(x))
+                    elif source == EXTRACT:
+                        got[value] = features(f"{variant_name(convention, value)}/{base}", True)
+                    else:
+                        got[value] = source   # the reason the two values are not compared
+                cells[(convention, encoder, task)] = got
+    table = protocol_sensitivity(SensitivityInputs(settings, tasks, manifest), preds=preds, features=cells,
+                                 splits=splits, logreg=sp["logreg"], configured=sp["configured"],
+                                 encoder_order=sp["encoders"])
+    path = write_artifact(table, job.output["table"], "protocol_sensitivity")
+    done = table[~table["skipped"]]
+    write_outputs(job, written=[path], config={"reliability": p, "sensitivity": sp}, seed=settings.bootstrap.seed,
+                  extra={"rows": int(len(table)), "skipped": int(table["skipped"].sum()),
+                         "conclusions_changed": {c: int(g["conclusion_changes"].sum())
+                                                 for c, g in done.groupby("convention")},
+                         "doc": "docs/reliability.md#protocol-sensitivity"})
+
+
+@stage("protocol_sensitivity_figure")
+def stage_protocol_sensitivity_figure(job) -> None:
+    """One forest plot per convention (figures/protocol_sensitivity.py) in the figure folder."""
+    import shutil
+
+    from retinabench.figures.protocol_sensitivity import forest_plots
+    from retinabench.schemas import read_table
+    table = read_table(job.input["table"], "protocol_sensitivity")
+    out_dir = Path(job.output["dir"])
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # a rerun must not keep a convention no longer compared
+    out_dir.mkdir(parents=True)
+    paths = forest_plots(table, out_dir)
+    write_outputs(job, written=paths, extra={"figures": sorted(Path(p).stem for p in paths)})

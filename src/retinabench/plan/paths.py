@@ -14,7 +14,8 @@ __all__ = ["LOGS", "PATHS", "Paths", "wildcards"]
 
 # name -> pattern under the results folder. Wildcards: dataset, task, encoder, source (a predictions source: frozen,
 # transfer, a fine-tuning protocol, an interface, mllm_lora), name (a task, transfer group or task set), protocol,
-# seed, stage, kind, ext, table, figure, generated_root, cache_tag (the image cache's size_resize).
+# seed, stage, kind, ext, table, figure, generated_root, cache_tag (the image cache's size_resize), variant (a
+# protocol-sensitivity feature variant: <convention>-<value>).
 PATHS: dict[str, str] = {
     # data (workflow/rules/data.smk)
     "phantom_metadata": "raw/{generated_root}/metadata.csv",
@@ -59,6 +60,10 @@ PATHS: dict[str, str] = {
     "reliability_job": "reliability/jobs/{source}/{encoder}/{name}/{kind}.parquet",
     "reliability_table": "reliability/{table}.parquet",
     "reliability_figure": "figures/reliability/{figure}",
+    # protocol sensitivity (reliability.smk): the other value's features, the table, the figure folder
+    "sensitivity_features": "sensitivity/features/{variant}/{encoder}/{dataset}.parquet",
+    "sensitivity_table": "reliability/protocol_sensitivity.parquet",
+    "sensitivity_figure": "figures/protocol_sensitivity",
     # analysis (analysis.smk): the metrics table, statistics, figures and tables of the families
     "metrics": "metrics.parquet",
     "metrics_csv": "metrics.csv",
@@ -106,6 +111,9 @@ LOGS: dict[str, str] = {
     "reliability_collect": "logs/reliability/collect.log",
     "reliability_paired": "logs/reliability/paired.log",
     "reliability_figure": "logs/figures/reliability/{figure}.log",
+    "protocol_sensitivity_features": "logs/protocol_sensitivity/features/{variant}/{encoder}/{dataset}.log",
+    "protocol_sensitivity": "logs/reliability/protocol_sensitivity.log",
+    "protocol_sensitivity_figure": "logs/figures/protocol_sensitivity.log",
     "collect_metrics": "logs/collect_metrics.log",
     "analysis": "logs/analysis/{family}.log",
     "baselines": "logs/analysis/baselines.log",

@@ -29,7 +29,10 @@ class ReliabilityPlan:
         self.transfer_groups = transfer_groups(self.plan_tasks)
         self.group_constraint = alternatives(self.transfer_groups)
         # Settings each per-job table depends on (figure, paired and transfer settings only rerun their own jobs).
-        self.job_settings = self.settings.plain(exclude={"figures", "paired", "transfer", "harmonised"})
+        self.job_settings = self.settings.plain(exclude={"figures", "paired", "transfer", "harmonised",
+                                                         "protocol_sensitivity"})
+        from retinabench.plan.sensitivity import SensitivityPlan
+        self.sensitivity = SensitivityPlan(core, prediction_files)
 
     def parts(self, *keys: str) -> dict:
         """These keys of the ``reliability:`` settings as plain data (a job's params)."""
@@ -108,6 +111,12 @@ class ReliabilityPlan:
         from retinabench.skipped import SECTIONS
         return SECTIONS[wc.figure]
 
+    @staticmethod
+    def section(output: str) -> str:
+        """The report section of ``output`` (retinabench.skipped.SECTIONS)."""
+        from retinabench.skipped import SECTIONS
+        return SECTIONS[output]
+
     def figure_dir(self, figure: str) -> str:
         return self.core.path("reliability_figure", figure=figure)
 
@@ -124,4 +133,4 @@ class ReliabilityPlan:
 
     def targets(self) -> list[str]:
         return (list(self.collect_outputs().values()) + list(self.paired_outputs().values())
-                + self.figure_targets())
+                + self.figure_targets() + self.sensitivity.targets())

@@ -2,7 +2,7 @@
 (`analysis:`, workflow/rules/analysis.smk)."""
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -105,6 +105,39 @@ class FiguresSettings(Section):
     metric: str = Field("accuracy", description="metric of the fairness and subgroup figures")
 
 
+# Conventions the protocol-sensitivity analysis (retinabench.reliability.sensitivity) runs both values of, each as
+# (variant a = ours, variant b = the paper's); docs/reliability.md, "Protocol sensitivity".
+SENSITIVITY_CONVENTIONS = {
+    "logreg.variant": ("ours", "focus"),
+    "features.probe_embedding": ("pre_projection", "projected_l2"),
+    "input_size": ("native", "224"),
+    "mllm.invalid_answers": ("keep_as_wrong", "drop"),
+    "reliability.bootstrap.summary": ("two_stage", "one_stage"),
+    "reliability.bootstrap.unit": ("patient", "image"),
+    "reliability.ece_bin_edges": ("right_closed", "focus"),
+}
+SensitivityConvention = Literal["logreg.variant", "features.probe_embedding", "input_size", "mllm.invalid_answers",
+                                "reliability.bootstrap.summary", "reliability.bootstrap.unit",
+                                "reliability.ece_bin_edges"]
+
+
+class ProtocolSensitivitySettings(Section):
+    """Both values of each named protocol convention on the same features or predictions, with paired CIs
+    (retinabench.reliability.sensitivity; docs/reliability.md, "Protocol sensitivity")."""
+
+    enabled: bool = Field(False, description="opt-in: rule protocol_sensitivity (a table and a figure)")
+    conventions: Annotated[list[SensitivityConvention], Field(min_length=1, json_schema_extra={"uniqueItems": True}),
+                           Distinct] = Field(list(get_args(SensitivityConvention)), description="conventions compared")
+    metrics: Annotated[list[Literal["auroc", "ece", "accuracy"]], Field(min_length=1,
+                                                                         json_schema_extra={"uniqueItems": True}),
+                       Distinct] = Field(["auroc", "ece", "accuracy"],
+                                         description="metric families compared (macro AUROC / top-label ECE on "
+                                                     "multi-class tasks), overall and as fairness gaps")
+    attributes: list[str] | None = Field(None, description="fairness attributes whose gaps are compared; null: "
+                                                           "fairness_score_attributes")
+    regime: Regime = Field("u-u", description="regime of the refitted probes and of the compared test rows")
+
+
 def _attribute(name: str, column: str, **kw) -> AttributeSettings:
     return AttributeSettings(name=name, column=column, **kw)
 
@@ -150,6 +183,7 @@ class ReliabilitySettings(Section):
     transfer: TransferSettings = TransferSettings()
     paired: PairedSettings = PairedSettings()
     figures: FiguresSettings = FiguresSettings()
+    protocol_sensitivity: ProtocolSensitivitySettings = ProtocolSensitivitySettings()
 
 
 class SubsetsSettings(Section):
