@@ -271,3 +271,18 @@ def test_gap_permutation_p_values_and_bh_within_families(evaluated):
     fam = done[(done["threshold"] == "y_pred") & (done["kind"] == "fairness") & (done["metric"] == "accuracy")]
     assert len(fam) > 2 and np.allclose(fam["p_perm_bh"], benjamini_hochberg(fam["p_perm"].to_numpy()))
     assert g.loc[g["skipped"], "p_perm"].isna().all() and g.loc[g["skipped"], "p_perm_bh"].isna().all()
+
+
+def test_an_attribute_on_any_manifest_column_groups_the_rows():
+    """A configured attribute may group by any manifest column (config/tvhl_sensitivity.yaml compares the eyes):
+    the column is attached with the attributes, and a column the manifest lacks is an error naming it."""
+    manifest, excl, splits, preds = world()
+    manifest["eye"] = np.where(manifest["image_id"].str.endswith("_0"), "OD", "OS")
+    settings = ReliabilitySettings.of({"attributes": [{"name": "eye", "column": "eye", "groups": ["OD", "OS"]}],
+                                       "fairness_score_attributes": ["eye"]})
+    out = evaluate_predictions(preds, manifest, excl, splits, {"d_bin": TASK}, settings, source="frozen")
+    sub = out["subgroups"]
+    assert set(sub.loc[sub["attribute"] == "eye", "group"]) == {"OD", "OS"}
+    with pytest.raises(KeyError, match="eye"):
+        evaluate_predictions(preds, manifest.drop(columns="eye"), excl, splits, {"d_bin": TASK}, settings,
+                             source="frozen")

@@ -95,9 +95,10 @@ def decisions(rows: pd.DataFrame, proba: np.ndarray, rule: str, threshold: float
     return predict(proba, rule, threshold)
 
 
-def attach_manifest(preds: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFrame:
-    """Add patient_id and the attribute columns by (dataset, image_id); every predicted image must be known."""
-    need = ["dataset", "image_id", "patient_id", *ATTRIBUTE_COLUMNS]
+def attach_manifest(preds: pd.DataFrame, manifest: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Add patient_id, the attribute columns and ``columns`` (those the configured attributes group by, e.g. a
+    manifest's ``eye``) by (dataset, image_id); every predicted image must be known."""
+    need = list(dict.fromkeys(["dataset", "image_id", "patient_id", *ATTRIBUTE_COLUMNS, *columns]))
     missing = [c for c in need if c not in manifest.columns]
     if missing:
         raise KeyError(f"manifest lacks columns {missing}")
@@ -123,8 +124,9 @@ def evaluate_predictions(preds: pd.DataFrame, manifest: pd.DataFrame, exclusions
     from retinabench.metrics.thresholds import THRESHOLD_FREE, choose_threshold, metric_names, point_metrics
     from retinabench.metrics.weighted import cluster_weights, make_rng, percentile_ci, weighted_metrics
 
-    preds = attach_manifest(prepare_predictions(preds, tasks, source), manifest)
     attributes = attributes_of(settings)
+    preds = attach_manifest(prepare_predictions(preds, tasks, source), manifest,
+                            tuple(a.column for a in attributes))
     n_bins, edges, rule = settings.n_bins, settings.ece_bin_edges, settings.threshold_rule
     boot = settings.bootstrap
     n_boot, level, boot_unit = boot.n_boot, boot.level, boot.unit
