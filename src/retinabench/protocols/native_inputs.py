@@ -10,7 +10,7 @@ Two input pipelines, each a named option:
   (:func:`retinabench.data.readers.decode_image`: 8-bit RGB, EXIF orientation applied) and handed as a PIL image to
   the model's own processor, which resizes / crops / tiles it as it defines (SigLIP: resize to its size; CLIP:
   shortest edge + centre crop; Qwen2-VL: smart resize between its min / max pixels, a dynamic patch grid; LLaVA-NeXT:
-  anyres tiles). FOCUS: ``Image.open(path).convert("RGB")`` (retina_bench/core/data.py ``get_image``) passed to
+  anyres tiles). FOCUS: PIL open + RGB conversion, no EXIF transpose (retina_bench/core/data.py ``get_image``) passed to
   ``processor(images=...)`` (retina_bench/vlms/models.py ``HFCLIPModel`` / ``HFSiglipModel``; the MLLM wrappers of
   retina_bench/mllms/models.py).
 

@@ -26,13 +26,12 @@ import numpy as np
 import pandas as pd
 
 from retinabench.metrics.fairness import Attribute, assign_groups
-from retinabench.metrics.table import reliability_name
+from retinabench.metrics.table import higher_is_better, reliability_name
 
 # The table's columns, in order (retinabench.schemas.PROTOCOL_SENSITIVITY declares their types).
 COLUMNS = ["convention", "variant_a", "variant_b", "source", "encoder", "protocol", "task", "dataset", "metric",
            "attribute", "value_a", "value_b", "delta", "ci_low", "ci_high", "p_value", "n_a", "n_b", "n_units",
            "conclusion", "call_a", "call_b", "conclusion_changes", "skipped", "reason"]
-LOWER_IS_BETTER = ("ece", "ece_top_label")
 RANK, GAP, COMPARISON = "encoder rank", "gap significance", "comparison significance"
 
 
@@ -146,7 +145,7 @@ def _text(col: pd.Series) -> pd.Series:
 
 
 def _ranks(values: pd.Series, metric: str) -> pd.Series:
-    ascending = metric in LOWER_IS_BETTER
+    ascending = not higher_is_better(metric)  # the metric table's direction (ECE: lower is better)
     return values.rank(method="min", ascending=ascending, na_option="keep")
 
 
