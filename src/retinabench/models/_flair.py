@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,7 @@ class _Vision(nn.Module):
 
 
 class _Text(nn.Module):
-    def __init__(self, model: nn.Module, dim_out: int):
+    def __init__(self, model: Any, dim_out: int):
         super().__init__()
         self.model = model
         self.projection_head_text = _Projection(int(model.config.hidden_size), dim_out)

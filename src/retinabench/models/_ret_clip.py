@@ -22,6 +22,7 @@ WordPiece: transformers' ``BertTokenizer`` on the same vocabulary, [CLS] text [S
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ from torch import nn
 from retinabench.models._dual import DualEncoder, module_device
 from retinabench.models._open_clip import _open_clip_model, resample_pos_embed
 from retinabench.models._registry import register_text_tower, weight_files
-from retinabench.models._text_tower import bert, l2, load_whole, text_tower_files
+from retinabench.models._text_tower import bert, load_whole, text_tower_files
 from retinabench.models.preprocess import resolve_normalization
 from retinabench.models.strict import WeightsError
 
@@ -40,7 +41,7 @@ class RetClip(nn.Module):
     """RET-CLIP's single-image zero-shot path, with the checkpoint's key names (``visual.*``, ``bert.*``,
     ``text_projection.*``, ``logit_scale``)."""
 
-    def __init__(self, visual: nn.Module, text: nn.Module, embed_dim: int):
+    def __init__(self, visual: nn.Module, text: Any, embed_dim: int):
         super().__init__()
         hidden = int(text.config.hidden_size)
         self.visual, self.bert = visual, text
@@ -69,6 +70,7 @@ def load_ret_clip(entry: dict, weights: str | Path | None = None):
     tfiles, tprov = text_tower_files(entry, weights)
     tt = entry["text_tower"]
     visual = _open_clip_model(entry).visual
+    assert isinstance(visual, nn.Module)
     out_dim = getattr(visual, "output_dim", None)
     if not isinstance(out_dim, int):
         raise WeightsError(f"{what}: {entry['architecture']} has no projected image output")
