@@ -264,3 +264,68 @@ def test_features_stay_the_image_towers_of_today():
     assert (ALL["flair"]["pooling"], ALL["flair"]["embed_dim"], ALL["flair"]["keep_prefix"]) == \
         ("avg", 2048, "vision_model.model.")
     assert "zeroshot_note" not in ALL["ret_clip"] and "zeroshot_note" not in ALL["flair"]
+
+
+def test_flair_loads_from_its_locked_hub_files_and_text_tower(flair, fake_hub, tmp_path):
+    """The pinned path: FLAIR's files from its repo, BioClinicalBERT's from the second repo, both at their locked
+    revisions and sha256 (the lock record's text_tower part); a changed text-tower file is refused."""
+    from retinabench.hashing import sha256_file
+    from retinabench.registry.lockfile import lock_state
+
+    from tests.models.conftest import REV, lock_record
+    entry, root, *_ = flair
+    entry = {**entry, "name": "flair"}
+    files = {"model.safetensors": root / "model.safetensors", "config.json": root / "config.json"}
+    text = {f: root / "text_tower" / f for f in ("config.json", "vocab.txt")}
+    for f, p in files.items():
+        fake_hub.add(entry["hub_id"], f, p)
+    for f, p in text.items():
+        fake_hub.add(entry["text_tower"]["hub_id"], f, p)
+    record = lock_record(entry, files) | {"text_tower": {"revision": "b" * 40,
+                                                         "files": {f: sha256_file(p) for f, p in text.items()}}}
+    assert lock_state({**entry, "text_tower": {**entry["text_tower"], "hub_id": "other/bert"}}, record) == "STALE"
+    dual = load_dual_encoder({**entry, "lock": record})
+    assert dual.weights["text_tower"] == {"origin": "hub", "hub_id": "emilyalsentzer/Bio_ClinicalBERT",
+                                          "revision": "b" * 40, "files": record["text_tower"]["files"]}
+    assert ("emilyalsentzer/Bio_ClinicalBERT", "vocab.txt", "b" * 40) in fake_hub.calls
+    assert (entry["hub_id"], "model.safetensors", REV) in fake_hub.calls
+    changed = tmp_path / "vocab.txt"
+    changed.write_text(text["vocab.txt"].read_text() + "extra\n")
+    fake_hub.add(entry["text_tower"]["hub_id"], "vocab.txt", changed)
+    with pytest.raises(WeightsError, match=r"\(text tower\): sha256 mismatch"):
+        load_dual_encoder({**entry, "lock": record})
+    with pytest.raises(WeightsError, match="no text_tower part"):
+        load_dual_encoder({**entry, "lock": lock_record(entry, files)})
+
+
+def test_lock_encoders_pins_the_text_tower_of_a_second_hub_repo(flair, fake_hub, monkeypatch):
+    """`retinabench lock-encoders flair` hashes the text tower's files at its repo's current commit (globs
+    optional, plain names required) into the record's text_tower part."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    from retinabench.hashing import sha256_file
+    from retinabench.models.lock import lock_entry
+    from retinabench.registry.lockfile import LockError
+    from retinabench.registry.lockfile import lock_state
+    entry, root, *_ = flair
+    repos = {entry["hub_id"]: {"model.safetensors": root / "model.safetensors", "config.json": root / "config.json"},
+             "emilyalsentzer/Bio_ClinicalBERT": {f: root / "text_tower" / f for f in ("config.json", "vocab.txt")}}
+    for repo, files in repos.items():
+        for f, p in files.items():
+            fake_hub.add(repo, f, p)
+
+    class Api:
+        def model_info(self, repo):
+            return SimpleNamespace(sha=("c" if repo == entry["hub_id"] else "d") * 40,
+                                   siblings=[SimpleNamespace(rfilename=f) for f in repos[repo]])
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    record = lock_entry({**entry, "name": "flair"})
+    assert record["text_tower"] == {"revision": "d" * 40, "files": {
+        f: sha256_file(p) for f, p in repos["emilyalsentzer/Bio_ClinicalBERT"].items()}}
+    assert sorted(record["files"]) == ["config.json", "model.safetensors"]
+    assert lock_state(entry, record) == "locked"
+    del repos["emilyalsentzer/Bio_ClinicalBERT"]["vocab.txt"]
+    with pytest.raises(LockError, match="has no file .vocab.txt."):
+        lock_entry({**entry, "name": "flair"})
