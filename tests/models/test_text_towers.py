@@ -329,3 +329,14 @@ def test_lock_encoders_pins_the_text_tower_of_a_second_hub_repo(flair, fake_hub,
     del repos["emilyalsentzer/Bio_ClinicalBERT"]["vocab.txt"]
     with pytest.raises(LockError, match="has no file .vocab.txt."):
         lock_entry({**entry, "name": "flair"})
+
+
+def test_check_encoder_loads_features_and_zero_shot_of_both(ret_clip, flair):
+    """`retinabench check-encoder NAME --weights ...`: the image tower for features (unchanged pooling) and the
+    whole dual encoder, from the same published files."""
+    from retinabench.models.check import check_encoder
+    for entry, weights, dim in ((ret_clip[0], ret_clip[1], "32"), (flair[0], flair[1], "512")):
+        ok, lines = check_encoder(entry, weights=weights)
+        text = "\n".join(lines)
+        assert ok, text
+        assert f"embedding dimension: {dim}" in text and "clip family, head softmax(logit_scale" in text
