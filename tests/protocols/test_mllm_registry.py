@@ -79,7 +79,7 @@ ALL = load_registry(REPO / "config/encoders.yaml", "encoders")
 FOCUS_VLMS = {"CLIP ViT-L/14": "clip_vitl14_openai", "CLIP ViT-B/32": "clip_vitb32_openai",
               "SigLIP2": "siglip2_base_patch16_224", "MedSigLIP": "medsiglip_448", "EyeCLIP": "eyeclip",
               "RET-CLIP": "ret_clip", "FLAIR": "flair"}
-OUTSIDE = {"ret_clip", "flair"}  # text towers that need code outside open_clip / transformers
+OWN_TEXT_TOWER = {"ret_clip", "flair"}  # BERT text towers of their own checkpoint layout (models/_ret_clip.py, _flair.py)
 
 
 @pytest.mark.parametrize("paper, name", sorted(FOCUS_VLMS.items()))
@@ -88,10 +88,10 @@ def test_focus_vlms_serve_zero_shot_or_say_which_code_they_need(paper, name):
     e = ALL[name]
     interfaces = e.get("interfaces") or ["features"]
     assert "features" in interfaces  # the image tower serves the frozen protocols (FOCUS's VLM linear probe)
-    if name in OUTSIDE:
-        assert "zeroshot" not in interfaces and ("code" in e["zeroshot_note"] or "package" in e["zeroshot_note"])
+    assert "zeroshot" in interfaces and "zeroshot_note" not in e
+    if name in OWN_TEXT_TOWER:  # the text tower's files pinned too: a second hub repo or one URL
+        assert e["text_tower"]["kind"] == name and pins_of(e)["text_tower"]["files"]
     else:
-        assert "zeroshot" in interfaces and "zeroshot_note" not in e
         assert e["source"] in ("open_clip", "transformers")
     # runnable once pinned: every one goes through lock-encoders, the transformers text towers with their
     # tokenizer files (open_clip's tokenizer is bundled with the package)
@@ -104,11 +104,14 @@ def test_focus_vlms_serve_zero_shot_or_say_which_code_they_need(paper, name):
     # its row in docs/protocols.md's interface table (columns: entry, model, loader, interfaces, notes)
     row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}` |")
                and ("| features |" in line or "| features, zeroshot |" in line))
-    assert ("zeroshot |" in row) == (name not in OUTSIDE) and ("needs" in row) == (name in OUTSIDE), row
+    assert "zeroshot |" in row and "needs" not in row, row
 
 
 def test_a_zero_shot_text_tower_outside_the_libraries_is_refused_with_its_note():
     from retinabench.models import WeightsError
     from retinabench.models import load_dual_encoder
-    with pytest.raises(WeightsError, match="RET-CLIP code"):
+    with pytest.raises(WeightsError, match="Chinese BERT"):
+        load_dual_encoder(ALL["vilref"])
+    # RET-CLIP's whole model loads here once its hand-downloaded checkpoint is placed and locked
+    with pytest.raises(WeightsError, match=r"not locked .*lock-encoders ret_clip"):
         load_dual_encoder(ALL["ret_clip"])

@@ -226,3 +226,19 @@ def test_siglip_text_padding_focus_tokenises_the_classes_together_padded_to_the_
     np.testing.assert_array_equal(class_embeddings(clip, prompts, "focus"), class_embeddings(clip, prompts))
     with pytest.raises(ValueError, match="siglip_text_padding"):
         class_embeddings(dual, prompts, "longest")
+
+
+def test_focus_config_plans_ret_clip_and_flair_zero_shot_with_focus_padding(registries):
+    """config/focus.yaml lists RET-CLIP and FLAIR as encoders: with their text towers they are now zero-shot jobs
+    (one per task set over FOCUS's 18 tasks), their prompts batched as FOCUS's (siglip_text_padding: focus)."""
+    import yaml
+
+    from retinabench.plan import WorkflowPlan
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config.update(yaml.safe_load((REPO / "config/focus.yaml").read_text()))
+    p = WorkflowPlan(config)
+    jobs = {(i, e): j for (i, e, _), j in p.interfaces.jobs.items()}
+    for name in ("ret_clip", "flair"):
+        assert name in config["encoders"] and len(jobs[("zeroshot", name)].tasks) == 18
+        assert registries.encoder(name)["text_tower"]["kind"] == name
+    assert p.interfaces.settings["zeroshot"].siglip_text_padding == "focus"

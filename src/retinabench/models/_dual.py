@@ -9,7 +9,9 @@ from typing import Any, Callable
 @dataclass
 class DualEncoder:
     """Both towers of a CLIP-like model behind one interface. ``logit_scale`` is the multiplier exp(t) of the
-    stored temperature parameter; ``logit_bias`` is None for the CLIP family (softmax head)."""
+    stored temperature parameter; ``logit_bias`` is None for the CLIP family (softmax head). ``pads_jointly``: a
+    text's embedding depends on the texts tokenised with it (padding positions enter it: FLAIR), so how a task's
+    prompts are batched is a convention (``zeroshot.siglip_text_padding``)."""
 
     name: str
     family: str
@@ -22,6 +24,7 @@ class DualEncoder:
     logit_scale: float
     logit_bias: float | None
     weights: dict = field(default_factory=dict)
+    pads_jointly: bool = False
 
     def to(self, device) -> DualEncoder:
         self.module.to(device)

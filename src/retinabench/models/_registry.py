@@ -79,6 +79,13 @@ class SourceLoader:
 WeightFiles = Callable[[dict], tuple[dict[str, Path], dict]]
 SOURCES: LoaderRegistry[SourceLoader] = LoaderRegistry("source")
 ORIGINS: LoaderRegistry[WeightFiles] = LoaderRegistry("weights origin")
+# Whole dual encoders whose text tower is none of a library's (the entry's ``text_tower.kind``: RET-CLIP's Chinese
+# BERT, FLAIR's BioClinicalBERT): ``load(entry, weights) -> DualEncoder``. Registered by ``_ret_clip``, ``_flair``.
+TEXT_TOWERS: LoaderRegistry[Callable[..., Any]] = LoaderRegistry("text tower")
+
+
+def register_text_tower(kind: str, load: Callable[..., Any]) -> Callable[..., Any]:
+    return TEXT_TOWERS.register(kind, load)
 
 
 def register_source(loader: SourceLoader) -> SourceLoader:

@@ -9,6 +9,7 @@ sha256 must equal the lock's.
 """
 from __future__ import annotations
 
+import fnmatch
 import shutil
 import time
 import urllib.request
@@ -19,7 +20,7 @@ from retinabench.atomic import atomic_path
 from retinabench.hashing import sha256_file
 from retinabench.models.hub import hub_errors
 from retinabench.registry.lockfile import (LockError, is_glob, local_weights_file, pins_of, requested_files,
-                                           weights_origin)
+                                           text_tower_dir, weights_origin)
 
 
 def _download(entry: dict, filename: str, revision: str) -> str:
@@ -84,7 +85,39 @@ def lock_entry(entry: dict) -> dict:
         record["files"] = {entry["weights_file"]: sha256_file(dest)}
     else:
         raise LockError(f"encoder {name!r}: {origin} weights are pinned in the registry entry, not the lock")
+    if entry.get("text_tower"):
+        record["text_tower"] = _lock_text_tower(entry)
     return record
+
+
+def _lock_text_tower(entry: dict) -> dict:
+    """The text tower's files (``text_tower``: a second hub repo's ``files`` at its current revision, or one file
+    downloaded from ``url``), hashed like the weights: the record's ``text_tower`` part."""
+    tt = entry["text_tower"]
+    if tt.get("hub_id"):
+        from huggingface_hub import HfApi
+        sub = {"name": entry["name"], "hub_id": tt["hub_id"], "source": "text_tower"}
+        with hub_errors(sub, error=LockError):
+            info = HfApi().model_info(tt["hub_id"])
+        if info.sha is None:
+            raise LockError(f"encoder {entry['name']!r}: the hub gave no commit for {tt['hub_id']!r}")
+        repo_files = {s.rfilename for s in info.siblings or []}
+        files: list[str] = []
+        for f in tt["files"]:
+            if is_glob(f):
+                files += sorted(r for r in repo_files if fnmatch.fnmatchcase(r, f) and "/" not in r)
+            elif f in repo_files:
+                files.append(f)
+            else:
+                raise LockError(f"encoder {entry['name']!r}: text tower {tt['hub_id']}@{info.sha} has no file {f!r}")
+        return {"revision": info.sha, "files": {f: sha256_file(_download(sub, f, info.sha))
+                                                for f in dict.fromkeys(files)}}
+    if len(tt.get("files") or []) != 1 or not tt.get("url"):
+        raise LockError(f"encoder {entry['name']!r}: a text tower from a url names exactly one file (files) and its url")
+    dest = text_tower_dir(entry) / tt["files"][0]
+    if not dest.is_file():
+        download(tt["url"], dest)
+    return {"files": {tt["files"][0]: sha256_file(dest)}}
 
 
 def download(url: str, dest: Path) -> None:

@@ -6,6 +6,8 @@ timm's ``register_model`` refuses a second factory of a name):
 * :data:`SOURCES`, keyed by the entry's ``source`` (the model library): how that library builds the image
   encoder's architecture, loads its pretrained weights strictly and, where it has a text tower, the whole dual
   encoder (:class:`SourceLoader`). Registered by ``_timm``, ``_open_clip`` and ``_transformers``.
+* :data:`TEXT_TOWERS`, keyed by an entry's ``text_tower.kind``: the whole dual encoder of a checkpoint whose text
+  tower is its own model (RET-CLIP, FLAIR; BERT built by transformers). Registered by ``_ret_clip`` and ``_flair``.
 * :data:`ORIGINS`, keyed by where an entry's weight files come from
   (:func:`retinabench.registry.lockfile.weights_origin`): the verified files and their provenance. Registered by
   ``_checkpoints`` (Hugging Face hub, direct URL and hand-downloaded files, pinned by the lock file) and
@@ -17,12 +19,13 @@ imports no model library, nor torch). A new library or origin is one module that
 """
 from __future__ import annotations
 
-from retinabench.models._registry import (ORIGINS, SOURCES, LoaderRegistry, SourceLoader, WeightFiles,
-                                          build_architecture, register_origin, register_source, source_loader,
-                                          weight_files)
+from retinabench.models._registry import (ORIGINS, SOURCES, TEXT_TOWERS, LoaderRegistry, SourceLoader,
+                                          WeightFiles, build_architecture, register_origin, register_source,
+                                          register_text_tower, source_loader, weight_files)
 
-__all__ = ["ORIGINS", "SOURCES", "LoaderRegistry", "SourceLoader", "WeightFiles", "build_architecture",
-           "register_origin", "register_source", "source_loader", "weight_files"]
+__all__ = ["ORIGINS", "SOURCES", "TEXT_TOWERS", "LoaderRegistry", "SourceLoader", "WeightFiles",
+           "build_architecture", "register_origin", "register_source", "register_text_tower", "source_loader",
+           "weight_files"]
 
 _builtin_registered = False
 
@@ -35,10 +38,11 @@ def _register_builtin() -> None:
         return
     _builtin_registered = True
     try:
-        from retinabench.models import _checkpoints, _open_clip, _packaged, _timm, _transformers  # noqa: F401
+        from retinabench.models import (_checkpoints, _flair, _open_clip, _packaged, _ret_clip,  # noqa: F401
+                                        _timm, _transformers)
     except BaseException:
         _builtin_registered = False
         raise
 
 
-SOURCES.before_lookup = ORIGINS.before_lookup = _register_builtin
+SOURCES.before_lookup = ORIGINS.before_lookup = TEXT_TOWERS.before_lookup = _register_builtin

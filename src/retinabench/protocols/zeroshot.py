@@ -112,12 +112,14 @@ def class_embeddings(dual: DualEncoder, prompts: ZeroShotPrompts, siglip_text_pa
     ``siglip_text_padding`` (``zeroshot.siglip_text_padding``; a transformers SigLIP only): ``max_length`` (ours:
     each class's texts, every text padded to the text tower's length, as SigLIP was trained) or ``focus`` (FOCUS's
     ``HFSiglipModel.get_text_embeddings``: every class's texts tokenised in one call with padding=True, the shorter
-    ones padded to the longest, and the tokenizer's attention mask passed on)."""
+    ones padded to the longest, and the tokenizer's attention mask passed on). FLAIR (``pads_jointly``: its padding
+    positions enter the text embedding) pads each call's texts to the longest: ``max_length`` = one call per class
+    (FLAIR's own ``compute_text_embeddings``), ``focus`` = every class's texts in one call (FOCUS's ``HFFLAIR``)."""
     import torch
     if siglip_text_padding not in ("max_length", "focus"):
         raise ValueError(f"zeroshot.siglip_text_padding must be max_length or focus, got {siglip_text_padding!r}")
     with torch.inference_mode():
-        if siglip_text_padding == "focus" and dual.family == "siglip":
+        if siglip_text_padding == "focus" and (dual.family == "siglip" or dual.pads_jointly):
             texts = [t for class_texts in prompts.texts for t in class_texts]
             emb = dual.encode_text(texts, padding="focus").float().cpu().numpy()
             ends = np.cumsum([len(t) for t in prompts.texts])

@@ -82,6 +82,8 @@ def pins_of(entry: dict) -> dict:
         out["hub_id"] = entry["hub_id"]
     elif origin in ("url", "manual"):
         out["url"] = entry["weights_url"]
+    if entry.get("text_tower"):  # a text tower's tokenizer / config files from a second source (FLAIR, RET-CLIP)
+        out["text_tower"] = {k: entry["text_tower"][k] for k in ("hub_id", "url", "files") if k in entry["text_tower"]}
     return out
 
 
@@ -98,6 +100,11 @@ def lock_name(entry: dict) -> str:
 
 def local_weights_file(entry: dict) -> Path:
     return weights_dir() / lock_name(entry) / entry["weights_file"]
+
+
+def text_tower_dir(entry: dict) -> Path:
+    """Where a text tower's downloaded (``url``) file lives: beside the entry's weights, in ``text_tower/``."""
+    return weights_dir() / lock_name(entry) / "text_tower"
 
 
 # --- reading / writing ------------------------------------------------------------------------------------------

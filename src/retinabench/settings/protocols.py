@@ -91,7 +91,8 @@ class ZeroShotSettings(_PromptJob):
     siglip_text_padding: Literal["max_length", "focus"] = Field(
         "max_length", description="transformers SigLIP prompts: max_length (each text padded to the text tower's "
                                   "length, as SigLIP was trained) or focus (FOCUS: padding=True, a task's class "
-                                  "prompts tokenised together, padded to the longest)")
+                                  "prompts tokenised together, padded to the longest); FLAIR (padding enters its "
+                                  "text embedding): one call per class, or focus: all classes in one call")
 
 
 class _Planned(Section):
