@@ -59,6 +59,8 @@ PATHS: dict[str, str] = {
     "reliability_job": "reliability/jobs/{source}/{encoder}/{name}/{kind}.parquet",
     "reliability_table": "reliability/{table}.parquet",
     "reliability_figure": "figures/reliability/{figure}",
+    "focus_table": "reliability/focus/{table}.{ext}",
+    "focus_figure": "figures/focus/{figure}.{ext}",
     # analysis (analysis.smk): the metrics table, statistics, figures and tables of the families
     "metrics": "metrics.parquet",
     "metrics_csv": "metrics.csv",
@@ -106,6 +108,8 @@ LOGS: dict[str, str] = {
     "reliability_collect": "logs/reliability/collect.log",
     "reliability_paired": "logs/reliability/paired.log",
     "reliability_figure": "logs/figures/reliability/{figure}.log",
+    "focus_tables": "logs/reliability/focus_tables.log",
+    "focus_figure": "logs/figures/focus/{figure}.log",
     "collect_metrics": "logs/collect_metrics.log",
     "analysis": "logs/analysis/{family}.log",
     "baselines": "logs/analysis/baselines.log",

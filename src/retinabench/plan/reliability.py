@@ -30,6 +30,8 @@ class ReliabilityPlan:
         self.group_constraint = alternatives(self.transfer_groups)
         # Settings each per-job table depends on (figure, paired and transfer settings only rerun their own jobs).
         self.job_settings = self.settings.plain(exclude={"figures", "paired", "transfer", "harmonised"})
+        from retinabench.plan.focus import FocusPlan
+        self.focus = FocusPlan(self)  # FOCUS's Tables 3 / 4 / 10 and figures (plan/focus.py)
 
     def parts(self, *keys: str) -> dict:
         """These keys of the ``reliability:`` settings as plain data (a job's params)."""
@@ -118,10 +120,10 @@ class ReliabilityPlan:
         """Planned rows of the skipped-analyses table (retinabench.skipped) for this layer."""
         from retinabench.skipped import record
         if self.transfer_groups:
-            return []
-        return [record("transfer", "no harmonised task is shared by two selected datasets (out-of-distribution "
+            return self.focus.skipped()
+        return self.focus.skipped() + [record("transfer", "no harmonised task is shared by two selected datasets (out-of-distribution "
                                    "transfer needs a second dataset with the task)")]
 
     def targets(self) -> list[str]:
         return (list(self.collect_outputs().values()) + list(self.paired_outputs().values())
-                + self.figure_targets())
+                + self.figure_targets() + self.focus.targets())
