@@ -80,7 +80,7 @@ def auroc_ece(df: pd.DataFrame, png) -> list[str]:
     ax.set_xlabel("mean ECE (lower is better)")
     ax.set_ylabel("mean AUROC")
     ax.grid(color="#E8E8E8", lw=0.5)
-    ax.legend(loc="lower left", frameon=False, ncol=2)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", frameon=False, ncol=4)
     suptitle(fig, "Discrimination vs calibration per configuration (mean over datasets and tasks)")
     out = save(fig, png)
     plt.close(fig)
@@ -168,7 +168,7 @@ def calibration_curves(df: pd.DataFrame, png, *, top: int = 5) -> list[str]:
     types = sorted(df["model_type"].unique())
     ncols = min(3, len(types))
     nrows = -(-len(types) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=figsize(20 + 58 * nrows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize(20 + 80 * nrows), squeeze=False, layout="constrained")
     for ax in axes.ravel()[len(types):]:
         ax.set_visible(False)
     for ax, t in zip(axes.ravel(), types):
@@ -184,7 +184,7 @@ def calibration_curves(df: pd.DataFrame, png, *, top: int = 5) -> list[str]:
         ax.set_xlabel("mean predicted probability")
         ax.set_ylabel("observed frequency")
         ax.set_title(t, fontsize=FONT["title"])
-        ax.legend(loc="upper left", frameon=False, fontsize=FONT["base"])
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False, fontsize=FONT["base"])
     suptitle(fig, "Calibration curves (uncalibrated; bins pooled over datasets, tasks and seeds)")
     out = save(fig, png)
     plt.close(fig)
