@@ -14,6 +14,7 @@ import pandas as pd
 from retinabench.figures import style  # noqa: F401  (sets the Agg backend and rcParams before pyplot)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.projections.polar import PolarAxes  # noqa: E402
 
 from retinabench.figures.style import FONT, figsize, save, suptitle  # noqa: E402
 
@@ -50,7 +51,7 @@ def spiders(df: pd.DataFrame, png, *, top: int = 5) -> list[str]:
     fig = plt.figure(figsize=figsize(95), layout="constrained")
     angles = np.linspace(0, 2 * np.pi, len(SPIDER_AXES), endpoint=False)
     for k, fam in enumerate(fams):
-        ax = fig.add_subplot(1, len(fams), k + 1, projection="polar")
+        ax: PolarAxes = fig.add_subplot(1, len(fams), k + 1, projection="polar")  # type: ignore[assignment]
         rows = df[df["family"] == fam].sort_values("auroc", ascending=False).head(top)
         ax.set_theta_offset(np.pi / 2)
         ax.set_theta_direction(-1)

@@ -148,7 +148,8 @@ def _focus_config(job) -> dict:
 def stage_focus_tables(job) -> None:
     """FOCUS Tables 3, 4 and (with LoRA) 10 as CSV + LaTeX, each with its sidecar."""
     from retinabench.reliability import focus_tables as ft
-    rows, out = _focus_rows(job), {}
+    rows = _focus_rows(job)
+    out: dict = {}
     if "table3_csv" in job.output:
         t3 = ft.table3(rows)
         out |= {"table3_csv": t3, "table3_tex": ft.table3_latex(t3)}
