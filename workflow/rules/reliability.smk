@@ -128,7 +128,10 @@ rule focus_tables:
     input:
         **FOC.table_inputs(),
     output:
-        **{k: v if isinstance(v, str) else report(v.pop("path"), **v) for k, v in FOC.report_tables().items()},
+        **{
+            k: v if isinstance(v, str) else report(v.pop("path"), caption="../report/focus_table.rst", **v)
+            for k, v in FOC.report_tables().items()
+        },
     log:
         P.log("focus_tables"),
     conda:

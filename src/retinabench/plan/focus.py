@@ -83,7 +83,7 @@ class FocusPlan:
         """Table outputs, the CSVs as report items (category: the table's report section)."""
         from retinabench.skipped import SECTIONS
         return {k: (v if k.endswith("_tex") else
-                    {"path": v, "caption": "../report/focus_table.rst", "category": SECTIONS[f"focus_{k[:-4]}"],
+                    {"path": v, "category": SECTIONS[f"focus_{k[:-4]}"],
                      "labels": {"table": k[:-4]}})
                 for k, v in self.table_outputs().items()}
 
