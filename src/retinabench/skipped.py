@@ -45,6 +45,10 @@ SECTIONS: dict[str, str] = {
     "reliability_diagrams": RELIABILITY, "transfer": RELIABILITY,
     "skipped_analyses": SKIPPED_SECTION, "saliency": SALIENCY_COMPUTE, "compute": SALIENCY_COMPUTE,
     "lora_table5": LORA,
+    # FOCUS's tables and figures (plan/focus.py); Table 10 and the SFT panels belong with Table 5
+    **{f"focus_{n}": RELIABILITY for n in ("table3", "table4", "spiders", "auroc_ece", "mllm_size",
+                                            "probe_vs_zeroshot", "dataset_heatmap", "calibration_curves")},
+    "focus_table10": LORA, "focus_sft_deltas": LORA,
 }
 SECTION_ORDER = [RANKING, PROTOCOLS, SUBSETS, LEAKAGE, FAIRNESS, SENSITIVITY, RELIABILITY]
 

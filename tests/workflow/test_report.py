@@ -86,7 +86,8 @@ def work_copy(tiny_workflow, tmp_path_factory):
 # Captions of the other report entries: the baselines and skipped tables, and the reliability figures (one
 # caption for the four reliability figure folders, chosen by the figure wildcard).
 OTHER_CAPTIONS = {"baselines": "1. Ranking", "skipped_analyses": "0. Skipped analyses",
-                  "reliability_figure": None, "protocol_sensitivity": "6. Sensitivity"}
+                  "reliability_figure": None, "protocol_sensitivity": "6. Sensitivity", "focus_figure": None,
+                  "focus_table": None}
 
 
 def test_every_caption_file_is_used_by_a_rule():

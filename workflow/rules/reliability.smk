@@ -198,5 +198,50 @@ rule protocol_sensitivity_figure:
         CORE_ENV
     params:
         code=P.code("protocol_sensitivity_figure"),
+
+
+# FOCUS's Tables 3, 4, 10 and figures (plan: P.reliability.focus, plan/focus.py; docs/reliability.md).
+FOC = REL.focus
+
+
+rule focus_tables:
+    input:
+        **FOC.table_inputs(),
+    output:
+        **{
+            k: v if isinstance(v, str) else report(v.pop("path"), caption="../report/focus_table.rst", **v)
+            for k, v in FOC.report_tables().items()
+        },
+    log:
+        P.log("focus_tables"),
+    conda:
+        CORE_ENV
+    params:
+        **FOC.params(),
+        code=P.code("focus_tables"),
+    script:
+        STAGE
+
+
+rule focus_figure:
+    input:
+        unpack(FOC.figure_inputs),
+    output:
+        png=report(
+            P.path("focus_figure", ext="png"),
+            caption="../report/focus_figure.rst",
+            category=FOC.report_section,
+            labels={"figure": "{figure}"},
+        ),
+        pdf=P.path("focus_figure", ext="pdf"),
+    log:
+        P.log("focus_figure"),
+    wildcard_constraints:
+        figure=FOC.figure_constraint,
+    conda:
+        CORE_ENV
+    params:
+        **FOC.params(),
+        code=P.code("focus_figure"),
     script:
         STAGE

@@ -192,3 +192,61 @@ def stage_protocol_sensitivity_figure(job) -> None:
     out_dir.mkdir(parents=True)
     paths = forest_plots(table, out_dir)
     write_outputs(job, written=paths, extra={"figures": sorted(Path(p).stem for p in paths)})
+
+
+def _focus_rows(job):
+    """FOCUS's aggregated rows with their model groups (reliability/focus_tables.py)."""
+    from retinabench.reliability import focus_tables as ft
+    p = job.params
+    rows = ft.focus_rows(pd.read_parquet(job.input["metrics"]), pd.read_parquet(job.input["gaps"]), p["tasks"],
+                         regime=p["regime"], fairness_attributes=p["fairness_attributes"])
+    return ft.with_groups(rows, ft.model_groups(p["encoders"]))
+
+
+def _comparisons(job):
+    paths = job.input.get("comparisons") or []
+    return pd.read_parquet(paths[0] if isinstance(paths, list) else paths) if paths else None
+
+
+def _focus_config(job) -> dict:
+    return {k: job.params[k] for k in ("regime", "fairness_attributes", "variant")}
+
+
+@stage("focus_tables")
+def stage_focus_tables(job) -> None:
+    """FOCUS Tables 3, 4 and (with LoRA) 10 as CSV + LaTeX, each with its sidecar."""
+    from retinabench.reliability import focus_tables as ft
+    rows = _focus_rows(job)
+    out: dict = {}
+    if "table3_csv" in job.output:
+        t3 = ft.table3(rows)
+        out |= {"table3_csv": t3, "table3_tex": ft.table3_latex(t3)}
+    if "table4_csv" in job.output:
+        t4 = ft.table4(rows)
+        out |= {"table4_csv": t4, "table4_tex": ft.wide_latex(
+            t4, "Per dataset: mean over general vs ophthalmic (and medical) models of each family (FOCUS Table 4)")}
+    if "table10_csv" in job.output:
+        comp = _comparisons(job)
+        if comp is None:
+            raise ValueError("focus_tables: Table 10 is planned but no LoRA comparisons table was given")
+        t10 = ft.table10(comp, variant=job.params["variant"])
+        out |= {"table10_csv": t10, "table10_tex": ft.wide_latex(
+            t10, "Post-SFT MLLMs in-domain vs out-of-domain: mean over adapter comparisons (FOCUS Table 10)")}
+    write_outputs(job, out, config=_focus_config(job),
+                  extra={"formulas": ft.FORMULAS, "n_rows": int(len(rows)), "doc": "docs/reliability.md"})
+
+
+@stage("focus_figure")
+def stage_focus_figure(job) -> None:
+    """One FOCUS figure (figures/focus.py) as PNG + PDF with sidecars."""
+    from retinabench.figures.focus import FIGURES as DRAW
+    from retinabench.reliability import focus_tables as ft
+    which, p = job.wildcards["figure"], job.params
+    bins = pd.read_parquet(job.input["bins"]) if "bins" in job.input else None
+    rows = None if which == "sft_deltas" else _focus_rows(job)
+    data = ft.figure_data(which, rows, bins=bins, comparisons=_comparisons(job), regime=p["regime"],
+                          variant=p["variant"])
+    if data.empty:
+        raise ValueError(f"FOCUS figure {which}: no data to draw (planned from the config, but its inputs are empty)")
+    written = DRAW[which](data, job.output["png"])
+    write_outputs(job, written=written, config=_focus_config(job), extra={"figure": which, "rows": int(len(data))})

@@ -64,6 +64,8 @@ PATHS: dict[str, str] = {
     "sensitivity_features": "sensitivity/features/{variant}/{encoder}/{dataset}.parquet",
     "sensitivity_table": "reliability/protocol_sensitivity.parquet",
     "sensitivity_figure": "figures/protocol_sensitivity",
+    "focus_table": "reliability/focus/{table}.{ext}",
+    "focus_figure": "figures/focus/{figure}.{ext}",
     # analysis (analysis.smk): the metrics table, statistics, figures and tables of the families
     "metrics": "metrics.parquet",
     "metrics_csv": "metrics.csv",
@@ -114,6 +116,8 @@ LOGS: dict[str, str] = {
     "protocol_sensitivity_features": "logs/protocol_sensitivity/features/{variant}/{encoder}/{dataset}.log",
     "protocol_sensitivity": "logs/reliability/protocol_sensitivity.log",
     "protocol_sensitivity_figure": "logs/figures/protocol_sensitivity.log",
+    "focus_tables": "logs/reliability/focus_tables.log",
+    "focus_figure": "logs/figures/focus/{figure}.log",
     "collect_metrics": "logs/collect_metrics.log",
     "analysis": "logs/analysis/{family}.log",
     "baselines": "logs/analysis/baselines.log",

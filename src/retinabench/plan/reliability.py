@@ -33,6 +33,8 @@ class ReliabilityPlan:
                                                          "protocol_sensitivity"})
         from retinabench.plan.sensitivity import SensitivityPlan
         self.sensitivity = SensitivityPlan(core, prediction_files)
+        from retinabench.plan.focus import FocusPlan
+        self.focus = FocusPlan(self)  # FOCUS's Tables 3 / 4 / 10 and figures (plan/focus.py)
 
     def parts(self, *keys: str) -> dict:
         """These keys of the ``reliability:`` settings as plain data (a job's params)."""
@@ -127,10 +129,10 @@ class ReliabilityPlan:
         """Planned rows of the skipped-analyses table (retinabench.skipped) for this layer."""
         from retinabench.skipped import record
         if self.transfer_groups:
-            return []
-        return [record("transfer", "no harmonised task is shared by two selected datasets (out-of-distribution "
+            return self.focus.skipped()
+        return self.focus.skipped() + [record("transfer", "no harmonised task is shared by two selected datasets (out-of-distribution "
                                    "transfer needs a second dataset with the task)")]
 
     def targets(self) -> list[str]:
         return (list(self.collect_outputs().values()) + list(self.paired_outputs().values())
-                + self.figure_targets() + self.sensitivity.targets())
+                + self.figure_targets() + self.sensitivity.targets() + self.focus.targets())
