@@ -1,5 +1,5 @@
-"""docs/reproduction.md is checked against the code: every output its OcularBench figure table names is planned by
-config/ocularbench.yaml (no row without an output), every config key it names exists in the merged config, and
+"""docs/reproduction.md is checked against the code: every output its figure and table lists name is planned by
+the study's config (no row without an output), every config key it names exists in the merged config, and
 every test it cites as pinning a convention exists."""
 import re
 from pathlib import Path
@@ -34,19 +34,21 @@ def _config(*names: str) -> dict:
     return config
 
 
-def test_every_ocularbench_figure_and_table_row_names_planned_outputs():
-    config = _config("ocularbench")
+@pytest.mark.parametrize("study,config_name,n_rows", [("OcularBench", "ocularbench", 16), ("FOCUS", "focus", 13)])
+def test_every_figure_and_table_row_names_planned_outputs(study, config_name, n_rows):
+    config = _config(config_name)
     results = config["results"]
     planned = {str(Path(t).relative_to(results)) for t in WorkflowPlan(config).all_targets()
                if str(t).startswith(results)}
-    rows = _rows(_section("OcularBench", "Figures and tables"))
-    assert len(rows) >= 16
+    section = "Figures and tables" if study == "OcularBench" else "Tables and figures"
+    rows = _rows(_section(study, section))
+    assert len(rows) == n_rows
     for paper, _, _, rule, output in rows:
         files = re.findall(r"`([^`]+\.(?:png|csv|parquet))`", output)
         assert files, f"{paper}: the row names no output"
         assert rule.strip("`"), f"{paper}: no rule"
         for f in files:
-            assert f in planned, f"{paper}: {f} is not planned by config/ocularbench.yaml"
+            assert f in planned, f"{paper}: {f} is not planned by config/{config_name}.yaml"
 
 
 def _exists(config: dict, key: str) -> bool:
