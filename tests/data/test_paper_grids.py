@@ -75,3 +75,33 @@ def test_ocularbench_plus_extends_the_paper_grid_and_changes_nothing_else(regist
         assert entry["source"] == "timm" and "ocularbench" not in (entry.get("studies") or []), name
     merged = dict(paper, encoders=plus["encoders"])
     assert plan(merged).encoders == plus["encoders"]
+
+
+def test_focus_grid_is_its_532_base_configurations(registries):
+    """FOCUS's 532 base configurations = 28 models x 19 tasks: 10 vision models x 19 (190), 6 CLIP-like VLMs x 19 x
+    {logistic probe, zero-shot} (228), 6 MLLMs x 19 (114). Here 18 tasks run (504 configurations); the 19th, mBRSET
+    GON, has no label in mBRSET's release and is recorded in the harmonised-coverage table with the reason."""
+    from snakemake.utils import update_config
+
+    from retinabench.plan import WorkflowPlan
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    update_config(config, yaml.safe_load((REPO / "config/focus.yaml").read_text()))
+    config["registries"] = {k: str(REPO / v) for k, v in config["registries"].items()}
+    p = WorkflowPlan(config)
+    zeroshot = {e: j.tasks for (kind, e, _), j in p.interfaces.jobs.items() if kind == "zeroshot"}
+    mllm = {e: j.tasks for (kind, e, _), j in p.interfaces.jobs.items() if kind == "mllm"}
+    vlms = set(zeroshot)
+    assert vlms == {"clip_vitb32_openai", "siglip2_base_patch16_224", "medsiglip_448", "eyeclip", "ret_clip", "flair"}
+    assert vlms <= set(p.encoders) and config["protocols"] == ["logreg"]
+    n_tasks = len(p.tasks)
+    vm = (len(p.encoders) - len(vlms)) * n_tasks
+    vlm = len(vlms) * n_tasks + sum(len(t) for t in zeroshot.values())
+    mllm_n = sum(len(t) for t in mllm.values())
+    assert (n_tasks, len(mllm)) == (18, 6) and (vm, vlm, mllm_n) == (180, 216, 108)
+    # the 19th task: mBRSET GON, unsupported with its reason (FOCUS's 19 of 10 datasets x 3 harmonised tasks)
+    gaps = unsupported_harmonised(config["reliability"]["harmonised"], p.datasets,
+                                  {t: registries.task(t) for t in p.tasks})
+    mbrset_gon = gaps[(gaps["dataset"] == "mbrset_macula") & (gaps["task"] == "gon")]
+    assert len(mbrset_gon) == 1 and "cup" in mbrset_gon["reason"].iloc[0].lower()
+    models = len(p.encoders) + len(vlms) + len(mllm)  # VLMs count once per method (probe, zero-shot)
+    assert (vm + vlm + mllm_n) + models == 532 and models == 28
