@@ -79,23 +79,23 @@ def analysis_outputs(ctx: AnalysisContext, results: str, skipped: list | None = 
     # (AnalysisContext.protocol_sets).
     # (no skip row for an absent `_extended` twin: without other probes the main figure shows every protocol)
     sets = ctx.protocol_sets
+
+    def protocol_figures(target: dict, key: str, name: str) -> None:
+        """One figure per protocol set (paper's, `_extended`) comparing >= 2 ranked protocols in a paired regime."""
+        for suffix, prots in sets.items():
+            if len(prots) >= 2 and paired_regime:
+                _figure(target, f"{key}{suffix}", P, f"{name}{suffix}")
+            else:
+                skip(f"{name}{suffix}", f"needs >= 2 ranked protocols (has {len(prots)}) and regime "
+                                        f"{UNBALANCED} or {BALANCED}")
+
     heat: dict[str, str] = {}
-    for suffix, prots in sets.items():
-        if len(prots) >= 2 and paired_regime:
-            _figure(heat, f"png{suffix}", P, f"protocol_rank_heatmap{suffix}")
-        else:
-            skip(f"protocol_rank_heatmap{suffix}", f"needs >= 2 ranked protocols (has {len(prots)}) and regime "
-                                                   f"{UNBALANCED} or {BALANCED}")
+    protocol_figures(heat, "png", "protocol_rank_heatmap")
     if heat:
         out["protocol_heatmap"] = heat
     if k >= 3:
         agree = {"table": A("rank_agreement")}
-        for suffix, prots in sets.items():
-            if len(prots) >= 2 and paired_regime:
-                _figure(agree, f"png_protocols{suffix}", P, f"spearman_protocols{suffix}")
-            else:
-                skip(f"spearman_protocols{suffix}", f"needs >= 2 ranked protocols (has {len(prots)}) and regime "
-                                                    f"{UNBALANCED} or {BALANCED}")
+        protocol_figures(agree, "png_protocols", "spearman_protocols")
         if len(ctx.regimes) >= 2:
             _figure(agree, "png_regimes", P, "spearman_regimes")
         else:

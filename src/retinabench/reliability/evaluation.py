@@ -95,10 +95,12 @@ def decisions(rows: pd.DataFrame, proba: np.ndarray, rule: str, threshold: float
     return predict(proba, rule, threshold)
 
 
-def attach_manifest(preds: pd.DataFrame, manifest: pd.DataFrame, columns: tuple[str, ...] = ()) -> pd.DataFrame:
-    """Add patient_id, the attribute columns and ``columns`` (those the configured attributes group by, e.g. a
-    manifest's ``eye``) by (dataset, image_id); every predicted image must be known."""
-    need = list(dict.fromkeys(["dataset", "image_id", "patient_id", *ATTRIBUTE_COLUMNS, *columns]))
+def attach_manifest(preds: pd.DataFrame, manifest: pd.DataFrame, columns: tuple[str, ...] = (), *,
+                    standard: bool = True, what: str = "predicted") -> pd.DataFrame:
+    """Add patient_id, the attribute columns (``standard``) and ``columns`` (those the configured attributes group
+    by, e.g. a manifest's ``eye``) by (dataset, image_id); every ``what`` image must be known."""
+    need = list(dict.fromkeys(["dataset", "image_id", "patient_id", *(ATTRIBUTE_COLUMNS if standard else ()),
+                               *columns]))
     missing = [c for c in need if c not in manifest.columns]
     if missing:
         raise KeyError(f"manifest lacks columns {missing}")
@@ -106,7 +108,7 @@ def attach_manifest(preds: pd.DataFrame, manifest: pd.DataFrame, columns: tuple[
     out = preds.merge(m, on=["dataset", "image_id"], how="left", validate="many_to_one", indicator=True)
     lost = out[out["_merge"] == "left_only"]
     if len(lost):
-        raise KeyError(f"{len(lost)} predicted images are not in the manifest, e.g. "
+        raise KeyError(f"{len(lost)} {what} images are not in the manifest, e.g. "
                        f"{lost[['dataset', 'image_id']].head(3).to_dict('records')}")
     return out.drop(columns="_merge")
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.metrics.fairness import Attribute
-from retinabench.reliability.evaluation import resampling_units
+from retinabench.reliability.evaluation import attach_manifest, resampling_units
 from retinabench.reliability.paired import MODEL_KEYS, paired_comparisons
 from retinabench.reliability.sensitivity import (COLUMNS, COMPARISON, Variant, add_calls, fairness_groups,
                                                  paired_variant_rows, significance_call, skipped_row)
@@ -83,14 +83,8 @@ class SensitivityInputs:
     def attach(self, rows: pd.DataFrame) -> pd.DataFrame:
         """``rows`` (dataset, image_id) with the manifest's patient and the compared attributes' columns (any
         manifest column, e.g. eye); every image must be in the manifest."""
-        need = list(dict.fromkeys(["dataset", "image_id", "patient_id", *(a.column for a in self.attributes)]))
-        m = self.manifest[[c for c in need if c in self.manifest.columns]].drop_duplicates(["dataset", "image_id"])
-        out = rows.merge(m, on=["dataset", "image_id"], how="left", validate="many_to_one", indicator=True)
-        lost = out[out["_merge"] == "left_only"]
-        if len(lost):
-            raise KeyError(f"protocol sensitivity: {len(lost)} compared images are not in the manifest, e.g. "
-                           f"{lost[['dataset', 'image_id']].head(3).to_dict('records')}")
-        return out.drop(columns="_merge")
+        return attach_manifest(rows, self.manifest, tuple(a.column for a in self.attributes), standard=False,
+                               what="protocol sensitivity: compared")
 
     def compare(self, convention: str, rows: pd.DataFrame, a: Variant, b: Variant, keys: dict,
                 families: list[str] | None = None) -> list[dict]:
