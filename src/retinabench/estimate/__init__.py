@@ -204,3 +204,22 @@ def format_estimate(est: Estimate) -> str:
     """One table (stage x encoder), per-stage totals, the total, the assumptions and the images' sources."""
     from retinabench.estimate.table import render
     return render(est, COLUMNS)
+
+
+def before_launch(p, gpu: str | None = None) -> str:
+    """The Snakefile's onstart on a cluster run (not local, not a dry run: Snakemake calls onstart only when jobs
+    execute): print the estimate and keep it as ``<results>/estimate.txt`` beside the run's outputs. Costs the
+    plan already built plus one Parquet footer per built manifest."""
+    import sys
+    from pathlib import Path
+
+    from retinabench.atomic import write_text_atomic
+    if gpu is None:  # profiles/slurm-gh200 runs on GH200 nodes; every other profile is taken as H100
+        gpu = "gh200" if any("gh200" in arg for arg in sys.argv) else "h100"
+    text = format_estimate(estimate(p, Assumptions(gpu=gpu)))
+    path = Path(p.R) / "estimate.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text + "\n")
+    print(f"retinabench: estimate of this run (written to {path}; `retinabench estimate` to recompute)\n{text}",
+          file=sys.stderr)
+    return str(path)
