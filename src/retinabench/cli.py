@@ -305,16 +305,6 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def cmd_estimate(args) -> int:
-    """Jobs and GPU-hours per stage and encoder of the config, before a launch (retinabench.estimate)."""
-    from retinabench.estimate import Assumptions, estimate, format_estimate
-    from retinabench.plan import WorkflowPlan
-    a = Assumptions(gpu=args.gpu).override(list(args.set or []))
-    est = estimate(WorkflowPlan(_config(args)), a)
-    print(json.dumps(est.to_dict(), indent=1) if args.json else format_estimate(est))
-    return 0
-
-
 def cmd_report(args) -> int:
     from retinabench.report_build import ReportBuildError, build_report
     try:
@@ -377,14 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", help="task registry YAML with the predictions' tasks (default: the config's)")
     _config_options(p)
     p.set_defaults(fn=cmd_evaluate)
-    p = sub.add_parser("estimate", help="jobs and GPU-hours per stage and encoder of the config (measured "
-                                        "throughput where it exists, else parameter counts under printed assumptions)")
+    from retinabench import estimate  # jobs and GPU-hours per stage and encoder, before a launch
+    p = sub.add_parser("estimate", help=estimate.HELP)
     _config_options(p)
-    p.add_argument("--gpu", default="h100", help="the GPU whose sustained TFLOP/s is assumed: h100, gh200, h200")
-    p.add_argument("--set", nargs="+", action="extend", metavar="KEY=VALUE",
-                   help="override an assumption, e.g. startup_s=30 data_overhead=0.3 tflops=h100:350")
-    p.add_argument("--json", action="store_true", help="print the rows, totals and assumptions as JSON")
-    p.set_defaults(fn=cmd_estimate)
+    estimate.add_options(p)
+    p.set_defaults(fn=lambda a: estimate.run(a, _config(a)))
     p = sub.add_parser("report", help="the Snakemake HTML report with every string escaped for its context "
                                       "(retinabench.report_build)")
     p.add_argument("report", help="the report to write, e.g. results/report.html")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from retinabench.estimate.model import Assumptions, Measured, dataset_images, declared_sizes, decode_flops, forward_flops
 from retinabench.regimes import train_sides
 
-__all__ = ["Assumptions", "Estimate", "estimate", "format_estimate"]
+__all__ = ["HELP", "Assumptions", "Estimate", "add_options", "before_launch", "estimate", "format_estimate", "run"]
 
 COLUMNS = ["stage", "encoder", "jobs", "gpu_hours", "source"]
 
@@ -51,24 +51,32 @@ class Estimate:
                 "images": {d: {"images": n, "source": s} for d, (n, s) in self.images.items()}, "notes": self.notes}
 
 
+@dataclass
+class _Cell:
+    jobs: int = 0
+    seconds: float = 0.0
+    sources: set[str] = field(default_factory=set)
+
+
 class _Acc:
     """Per (stage, encoder): jobs, GPU seconds and where the numbers came from."""
 
     def __init__(self, a: Assumptions):
-        self.a, self.cells = a, defaultdict(lambda: {"jobs": 0, "seconds": 0.0, "sources": set()})
+        self.a = a
+        self.cells: defaultdict[tuple[str, str], _Cell] = defaultdict(_Cell)
 
     def job(self, stage: str, encoder: str, *, flops: float = 0.0, seconds: float = 0.0, source: str,
             gpus: int = 1, gpu: bool = True) -> None:
         cell = self.cells[(stage, encoder)]
-        cell["jobs"] += 1
-        cell["sources"].add(source)
+        cell.jobs += 1
+        cell.sources.add(source)
         if gpu:
             work = seconds + flops / (self.a.sustained_tflops * 1e12)
-            cell["seconds"] += (work * (1 + self.a.data_overhead) + self.a.startup_s) * gpus
+            cell.seconds += (work * (1 + self.a.data_overhead) + self.a.startup_s) * gpus
 
     def rows(self) -> list[dict]:
-        return [{"stage": s, "encoder": e, "jobs": c["jobs"], "gpu_hours": c["seconds"] / 3600,
-                 "source": "; ".join(sorted(c["sources"]))} for (s, e), c in self.cells.items()]
+        return [{"stage": s, "encoder": e, "jobs": c.jobs, "gpu_hours": c.seconds / 3600,
+                 "source": "; ".join(sorted(c.sources))} for (s, e), c in self.cells.items()]
 
 
 def estimate(p, a: Assumptions, *, sizes: dict | None = None) -> Estimate:
@@ -104,7 +112,7 @@ def estimate(p, a: Assumptions, *, sizes: dict | None = None) -> Estimate:
     for e in p.encoders:
         for d in p.datasets:
             forward_job("features", e, n(d), [d])
-        for t in p.tasks:
+        for _task in p.tasks:
             acc.job("frozen", e, source="CPU job (no GPU)", gpu=False)
 
     ft = p.finetune
@@ -168,11 +176,11 @@ def _interfaces(p, a, acc, images, n, src, forward_job) -> None:
     from retinabench.prompts import load_prompts
     fr = p.settings.split.fractions
     iface = p.interfaces
-    prompts = load_prompts(iface.prompts_path) if iface.jobs or p.lora.jobs else None
+    prompts = load_prompts(iface.prompts_path) if iface.jobs else None
     for (interface, e, _set), job in sorted(iface.jobs.items()):
         entry = p.reg.encoder(e)
         tests = {t: n(p.task_dataset(t), fr.test) for t in job.tasks}
-        if interface == "mllm":
+        if interface == "mllm" and prompts is not None:
             s = iface.settings["mllm"]
             per = forward_flops(entry, a) + decode_flops(entry, s.max_new_tokens, a)
             passes = 0.0
@@ -223,3 +231,26 @@ def before_launch(p, gpu: str | None = None) -> str:
     print(f"retinabench: estimate of this run (written to {path}; `retinabench estimate` to recompute)\n{text}",
           file=sys.stderr)
     return str(path)
+
+
+HELP = ("jobs and GPU-hours per stage and encoder of the config (measured throughput where it exists, else parameter "
+        "counts under printed assumptions)")
+
+
+def add_options(p) -> None:
+    """The command line of ``retinabench estimate`` (beside --configfile / --config)."""
+    p.add_argument("--gpu", default="h100", help="the GPU whose sustained TFLOP/s is assumed: h100, gh200, h200")
+    p.add_argument("--set", nargs="+", action="extend", metavar="KEY=VALUE",
+                   help="override an assumption, e.g. startup_s=30 data_overhead=0.3 tflops=h100:350")
+    p.add_argument("--json", action="store_true", help="print the rows, totals and assumptions as JSON")
+
+
+def run(args, config: dict) -> int:
+    """``retinabench estimate``: print the table (or ``--json``) of the validated ``config``."""
+    import json
+
+    from retinabench.plan import WorkflowPlan
+    a = Assumptions(gpu=args.gpu).override(list(args.set or []))
+    est = estimate(WorkflowPlan(config), a)
+    print(json.dumps(est.to_dict(), indent=1) if args.json else format_estimate(est))
+    return 0
