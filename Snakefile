@@ -70,6 +70,10 @@ onstart:
         P.take_run_lock(enabled=workflow.execution_settings.lock)
     except RunLockError as err:
         raise WorkflowError(str(err))
+    if not P.local:  # a cluster launch: jobs and GPU-hours first (retinabench.estimate)
+        from retinabench.estimate import before_launch
+
+        before_launch(P)
 
 
 onsuccess:

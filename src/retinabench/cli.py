@@ -1,6 +1,6 @@
 """Command line: ``retinabench provenance FILE``, ``verify [DATASET]``, ``encoders``, ``tasks``,
 ``datasets [--check]``, ``targets``, ``lock-encoders``, ``check-encoder``, ``evaluate PREDICTIONS -o METRICS``,
-``report FILE [snakemake arguments]`` (the HTML report, escaped: retinabench.report_build).
+``estimate``, ``report FILE [snakemake arguments]`` (the HTML report, escaped: retinabench.report_build).
 The pipeline itself runs through Snakemake (see README.md and docs/)."""
 from __future__ import annotations
 
@@ -367,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", help="task registry YAML with the predictions' tasks (default: the config's)")
     _config_options(p)
     p.set_defaults(fn=cmd_evaluate)
+    from retinabench import estimate  # jobs and GPU-hours per stage and encoder, before a launch
+    p = sub.add_parser("estimate", help=estimate.HELP)
+    _config_options(p)
+    estimate.add_options(p)
+    p.set_defaults(fn=lambda a: estimate.run(a, _config(a)))
     p = sub.add_parser("report", help="the Snakemake HTML report with every string escaped for its context "
                                       "(retinabench.report_build)")
     p.add_argument("report", help="the report to write, e.g. results/report.html")
