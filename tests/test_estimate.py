@@ -122,3 +122,13 @@ def test_before_launch_writes_and_prints(plans, capsys):
     text = open(path).read()
     assert text.rstrip().endswith("on h200") and "per stage:" in text
     assert "retinabench: estimate of this run" in capsys.readouterr().err
+
+
+def test_a_failing_estimate_warns_and_never_stops_the_launch(plans, capsys, monkeypatch):
+    import retinabench.estimate as E
+
+    def broken(*_a, **_k):
+        raise KeyError("no size for dataset x")
+    monkeypatch.setattr(E, "estimate", broken)
+    assert before_launch(plans["focus"], gpu="h100") == ""
+    assert "WARNING: no cost estimate for this run (KeyError" in capsys.readouterr().err

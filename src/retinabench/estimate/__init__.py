@@ -216,15 +216,21 @@ def format_estimate(est: Estimate) -> str:
 
 def before_launch(p, gpu: str | None = None) -> str:
     """The Snakefile's onstart on a cluster run (not local, not a dry run: Snakemake calls onstart only when jobs
-    execute): print the estimate and keep it as ``<results>/estimate.txt`` beside the run's outputs. Costs the
-    plan already built plus one Parquet footer per built manifest."""
+    execute): print the estimate and keep it as ``<results>/estimate.txt`` beside the run's outputs (its path; ""
+    when the estimate failed: a warning names the error, the launch goes on). Costs the plan already built plus one
+    Parquet footer per built manifest."""
     import sys
     from pathlib import Path
 
     from retinabench.atomic import write_text_atomic
     if gpu is None:  # profiles/slurm-gh200 runs on GH200 nodes; every other profile is taken as H100
         gpu = "gh200" if any("gh200" in arg for arg in sys.argv) else "h100"
-    text = format_estimate(estimate(p, Assumptions(gpu=gpu)))
+    try:
+        text = format_estimate(estimate(p, Assumptions(gpu=gpu)))
+    except Exception as err:  # noqa: BLE001 - an estimate is advice: it must not stop the launch, but says why
+        print(f"retinabench: WARNING: no cost estimate for this run ({type(err).__name__}: {err}); "
+              f"`retinabench estimate` shows the same error", file=sys.stderr)
+        return ""
     path = Path(p.R) / "estimate.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, text + "\n")
