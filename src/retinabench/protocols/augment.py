@@ -164,14 +164,13 @@ def shift_hue(x: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
     back from the shifted hue with the closed form ``v - c * clamp(min(k, 4 - k), 0, 1)``, ``k = (n + 6 h) mod 6``
     with ``n`` = 5, 3, 1 for red, green, blue."""
     r, g, b = x.unbind(dim=1)
-    v, _ = x.max(dim=1)
-    c = v - x.min(dim=1).values  # chroma; 0 for a grey pixel, whose hue is irrelevant
-    safe = torch.where(c > 0, c, torch.ones_like(c))
-    h6 = torch.where(v == r, (g - b) / safe, torch.where(v == g, (b - r) / safe + 2.0, (r - g) / safe + 4.0))
-    h6 = (h6 + 6.0 * hue.view(-1, 1, 1)).remainder(6.0)
+    m, v = torch.aminmax(x, dim=1)
+    c = v - m  # chroma; 0 for a grey pixel, whose hue is irrelevant (its sector offset then multiplies 0)
+    h6 = torch.where(v == r, g - b, torch.where(v == g, (b - r).add_(c, alpha=2.0), (r - g).add_(c, alpha=4.0)))
+    h6.mul_(c.clamp(min=1e-12).reciprocal_()).add_(6.0 * hue.view(-1, 1, 1).to(x.dtype) + 6.0)  # 6 h + 6 > 0
     n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    k = (n + h6.unsqueeze(1)).remainder(6.0)
-    return (v.unsqueeze(1) - c.unsqueeze(1) * torch.minimum(k, 4.0 - k).clamp(0.0, 1.0)).clamp_(0.0, 1.0)
+    k = (h6.unsqueeze(1) + n).remainder_(6.0)
+    return torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0).mul_(-c.unsqueeze(1)).add_(v.unsqueeze(1)).clamp_(0.0, 1.0)
 
 
 def _jitter_op(k: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
@@ -250,11 +249,12 @@ def _batch_rotate(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
 
 
 def _batch_flips(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
-    b, dev = x.shape[0], x.device
-    hf = torch.tensor([p["hflip"] for p in params], device=dev).view(b, 1, 1, 1)
-    vf = torch.tensor([p["vflip"] for p in params], device=dev).view(b, 1, 1, 1)
-    x = torch.where(hf, x.flip(-1), x)
-    return torch.where(vf, x.flip(-2), x)
+    for key, dim in (("hflip", -1), ("vflip", -2)):
+        rows = [i for i, p in enumerate(params) if p[key]]
+        if rows:
+            idx = torch.tensor(rows, device=x.device)
+            x = x.index_copy(0, idx, x.index_select(0, idx).flip(dim))
+    return x
 
 
 def _batch_photometric(x: torch.Tensor, a: AugmentSettings, params: list[dict]) -> torch.Tensor:
