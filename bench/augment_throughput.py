@@ -49,10 +49,10 @@ def augmentation_rates(n: int, size: int, dev: torch.device, threads: int, repea
     for crop, cfg in CROPS.items():
         aug = Augment(cfg)
 
-        def per_image():
+        def per_image(aug=aug):
             torch.stack([aug(imgs[i], s) for i, s in enumerate(seeds)])
 
-        def batched():
+        def batched(cfg=cfg):
             augment_batch(imgs.to(dev).float().div_(255.0), seeds, cfg)
             _sync(dev)
 
