@@ -150,3 +150,99 @@ def test_device_crop_is_the_loader_crop_in_float():
     params = [{"angle": 3.3}, {"angle": -4.9}, {"angle": 0.0}]
     ref = torch.stack([TF.rotate(x[i], p["angle"], interpolation=A.ROTATE_INTERPOLATION) for i, p in enumerate(params)])
     assert torch.equal(A._batch_rotate(x, params), ref)
+
+
+# -- the batched path on public API: deterministic given the parameters, same distributions ----------------------
+
+def test_per_sample_colour_ops_equal_torchvisions_public_ops():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(16, 3, 20, 24, generator=g)
+    x[0] = 0.4  # grey: no hue
+    x[1, :, :4] = torch.tensor([1.0, 0.0, 0.0]).view(3, 1, 1)  # pure red and a tie between two largest channels
+    x[1, :, 4:8] = torch.tensor([0.7, 0.7, 0.1]).view(3, 1, 1)
+    hue = torch.rand(16, generator=g) - 0.5
+    hue[:3] = torch.tensor([-0.5, 0.5, 0.0])
+    out = A.shift_hue(x, hue)
+    ref = torch.stack([TF.adjust_hue(x[i], float(hue[i])) for i in range(16)])
+    assert (out - ref).abs().max() < 2e-6
+    factors = 0.5 + torch.rand(16, generator=g)
+    for k, fn in enumerate((TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation)):
+        ref = torch.stack([fn(x[i], float(factors[i])) for i in range(16)])
+        assert (A._jitter_op(k, x.clone(), factors) - ref).abs().max() < 2e-6, fn.__name__
+
+
+def test_inverse_affine_is_torchvisions_affine_per_sample():
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(6, 3, 30, 40, generator=g, dtype=torch.float64)
+    angle = (torch.rand(6, generator=g, dtype=torch.float64) - 0.5) * 20
+    shift = (torch.rand(6, 2, generator=g, dtype=torch.float64) - 0.5) * 10
+    zoom = 0.8 + 0.5 * torch.rand(6, generator=g, dtype=torch.float64)
+    out = A._warp(x, A.inverse_affine(angle, shift, zoom), "bilinear")
+    ref = torch.stack([TF.affine(x[i], angle=float(angle[i]), translate=shift[i].tolist(), scale=float(zoom[i]),
+                                 shear=[0.0, 0.0], interpolation=InterpolationMode.BILINEAR) for i in range(6)])
+    assert (out - ref).abs().max() < 1e-9
+
+
+def _stats(x: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per-image summaries that each augmentation moves: colour (channel means, chroma), contrast (spread), the
+    flips and the crop (left-right and top-bottom differences of the gradients)."""
+    x = x.double()
+    h, w = x.shape[-2:]
+    out = {f"mean{c}": x[:, c].mean(dim=(1, 2)) for c in range(3)}
+    out["chroma"] = (x.amax(dim=1) - x.amin(dim=1)).mean(dim=(1, 2))
+    out["spread"] = x.mean(dim=1).flatten(1).std(dim=1)
+    out["left_right"] = x[:, 0, :, : w // 2].mean(dim=(1, 2)) - x[:, 0, :, w // 2:].mean(dim=(1, 2))
+    out["top_bottom"] = x[:, 1, : h // 2].mean(dim=(1, 2)) - x[:, 1, h // 2:].mean(dim=(1, 2))
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def _gradient_image(size=40):
+    ramp = torch.linspace(0.1, 0.9, size)
+    img = torch.stack((ramp.expand(size, size), ramp.view(-1, 1).expand(size, size), torch.full((size, size), 0.3)))
+    return (img * 255).round().to(torch.uint8)
+
+
+REFERENCE = {  # torchvision's own random transforms, as the configs' pipelines read them
+    "authors": (AUTHORS, lambda s: v2.Compose([
+        v2.RandomHorizontalFlip(0.5), v2.RandomVerticalFlip(0.5), v2.RandomRotation(5), v2.RandomAdjustSharpness(0.2),
+        v2.ColorJitter(0.2, 0.2, 0.1, 0.1), v2.RandomResizedCrop((s, s), scale=[0.8, 1.2])])),
+    "jitter_first": ({"scale": [1.0, 1.0], "rotation": 0.0}, lambda s: v2.Compose([
+        v2.RandomHorizontalFlip(0.5), v2.RandomVerticalFlip(0.5), v2.ColorJitter(0.2, 0.2, 0.1, 0.1)])),
+}
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_device_path_draws_torchvisions_distributions(name):
+    cfg, pipeline = REFERENCE[name]
+    img, n = _gradient_image(), 400
+    ours = _stats(augment_batch(img.expand(n, -1, -1, -1).float() / 255, list(range(n)), cfg))
+    state = torch.get_rng_state()
+    torch.manual_seed(2024)
+    ref_tf = pipeline(img.shape[-1])
+    ref = _stats(torch.stack([ref_tf(img) for _ in range(n)]).float() / 255)
+    torch.set_rng_state(state)
+    for k in ours:
+        assert ks_2samp(ours[k], ref[k]).pvalue > 1e-3, k
+    # the test has the power to see a wrong distribution: no horizontal flips, or twice the hue range
+    no_flip = _stats(augment_batch(img.expand(n, -1, -1, -1).float() / 255, list(range(n)), {**cfg, "hflip": 0}))
+    assert ks_2samp(no_flip["left_right"], ref["left_right"]).pvalue < 1e-6
+    big = _stats(augment_batch(img.expand(n, -1, -1, -1).float() / 255, list(range(n)),
+                               {**cfg, "hue": 0.3, "saturation": 0.5}))
+    assert min(ks_2samp(big[k], ref[k]).pvalue for k in ("mean0", "mean1", "mean2", "chroma")) < 1e-6
+
+
+def test_trainer_uses_fused_adamw_on_cuda_only():
+    from retinabench.protocols.finetune import TrainConfig, Trainer
+
+    class Enc(torch.nn.Module):
+        input_size, embed_dim, mean, std = 8, 4, (0.5,) * 3, (0.5,) * 3
+
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                              torch.nn.Flatten())
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:
+        t = Trainer(Enc(), 2, protocol="finetune", seed=0, cfg=TrainConfig(batch_size=2, device=dev))
+        assert bool(t.optimizer.defaults["fused"]) == (dev == "cuda")

@@ -27,7 +27,12 @@ same augmentation:
   DataLoader; the reference, and the CPU default);
 * :func:`augment_batch` — the same operations batched on the training device in float (the CUDA default, so
   CPU data-loader workers are not the bottleneck of a GPU step). It equals the reference up to interpolation and
-  uint8 rounding (tests pin the tolerance).
+  uint8 rounding (tests pin the tolerance). torchvision's public ops take one set of parameters per call, so the
+  per-sample parts are written here with torch on public API only: the inverse affine matrices
+  (:func:`inverse_affine`, torchvision's convention) sampled on ``v2.functional.affine``'s grid, and the hue shift
+  (:func:`shift_hue`, equal to ``v2.functional.adjust_hue`` in float); brightness, contrast, saturation and
+  sharpness are ``v2.functional``'s blends with a factor per sample. No private torchvision name is imported
+  (tests/test_public_api.py).
 """
 from __future__ import annotations
 
@@ -37,10 +42,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
-from torchvision.transforms.functional import _get_inverse_affine_matrix
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
-from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
 
 from retinabench.settings.finetune import AugmentSettings
 
@@ -154,6 +157,22 @@ def _blend(x: torch.Tensor, other: torch.Tensor, ratio: torch.Tensor) -> torch.T
     return (x * ratio + other * (1.0 - ratio)).clamp_(0.0, 1.0)
 
 
+def shift_hue(x: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
+    """``v2.functional.adjust_hue`` of a float RGB batch in [0, 1] with one factor per sample (``hue``: ``[B]``,
+    fractions of a turn). A hue shift keeps HSV's value (the largest channel) and saturation (so the smallest
+    channel too); the hue, piecewise linear in the channels, moves round the six sectors, and each channel is read
+    back from the shifted hue with the closed form ``v - c * clamp(min(k, 4 - k), 0, 1)``, ``k = (n + 6 h) mod 6``
+    with ``n`` = 5, 3, 1 for red, green, blue."""
+    r, g, b = x.unbind(dim=1)
+    m, v = torch.aminmax(x, dim=1)
+    c = v - m  # chroma; 0 for a grey pixel, whose hue is irrelevant (its sector offset then multiplies 0)
+    h6 = torch.where(v == r, g - b, torch.where(v == g, (b - r).add_(c, alpha=2.0), (r - g).add_(c, alpha=4.0)))
+    h6.mul_(c.clamp(min=1e-12).reciprocal_()).add_(6.0 * hue.view(-1, 1, 1).to(x.dtype) + 6.0)  # 6 h + 6 > 0
+    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    k = (h6.unsqueeze(1) + n).remainder_(6.0)
+    return torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0).mul_(-c.unsqueeze(1)).add_(v.unsqueeze(1)).clamp_(0.0, 1.0)
+
+
 def _jitter_op(k: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     f4 = f.view(-1, 1, 1, 1)
     if k == 0:
@@ -162,18 +181,26 @@ def _jitter_op(k: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         return _blend(x, _gray(x).mean(dim=(1, 2, 3), keepdim=True), f4)
     if k == 2:
         return _blend(x, _gray(x), f4)
-    hsv = _rgb_to_hsv(x)
-    h, s, v = hsv.unbind(dim=1)
-    h = (h + f.view(-1, 1, 1)).remainder(1.0)
-    return _hsv_to_rgb(torch.stack((h, s, v), dim=1))
+    return shift_hue(x, f)
 
 
-def _warp(x: torch.Tensor, inverse: list[list[float]], mode: str) -> torch.Tensor:
-    """Per-sample inverse affine matrices in torchvision's convention (pixel units about the image centre),
-    sampled on the same grid as v2.functional.affine / rotate."""
+def inverse_affine(angle: torch.Tensor, translate: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``[B, 2, 3]`` inverse matrices of the affine maps that ``v2.functional.affine(img, angle, translate, scale,
+    shear=0)`` applies (centre: the image centre, pixel units; ``angle`` in degrees, clockwise on the image as
+    torchvision's): the output pixel ``p`` samples the input at ``R(angle)^-1 (p - t) / scale``. ``angle``,
+    ``scale``: ``[B]``; ``translate``: ``[B, 2]``."""
+    rad = torch.deg2rad(angle)
+    cos, sin = torch.cos(rad) / scale, torch.sin(rad) / scale
+    lin = torch.stack((torch.stack((cos, sin), dim=-1), torch.stack((-sin, cos), dim=-1)), dim=-2)  # [B, 2, 2]
+    return torch.cat((lin, -(lin @ translate.unsqueeze(-1))), dim=-1)
+
+
+def _warp(x: torch.Tensor, inverse: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per-sample inverse affine matrices (:func:`inverse_affine`, pixel units about the image centre) sampled on
+    the same grid as v2.functional.affine / rotate."""
     b, _, h, w = x.shape
     dev, dt = x.device, x.dtype
-    theta = torch.tensor(inverse, dtype=dt, device=dev).view(b, 2, 3)
+    theta = inverse.to(device=dev, dtype=dt).view(b, 2, 3)
     base = torch.ones(1, h, w, 3, dtype=dt, device=dev)
     base[..., 0] = torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=dev, dtype=dt)
     base[..., 1] = torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=dev, dtype=dt).unsqueeze(-1)
@@ -203,7 +230,10 @@ def _resized_crops(x: torch.Tensor, boxes: list[tuple[int, int, int, int]]) -> t
 def _batch_geometry(x: torch.Tensor, a: AugmentSettings, params: list[dict], *, rotate: bool) -> torch.Tensor:
     h, w = x.shape[-2:]
     if a.crop == "zoom":
-        inv = [_get_inverse_affine_matrix([0.0, 0.0], **_affine_args(p, h, w, rotate=rotate)) for p in params]
+        args = [_affine_args(p, h, w, rotate=rotate) for p in params]
+        inv = inverse_affine(torch.tensor([g["angle"] for g in args], dtype=torch.float64),
+                             torch.tensor([g["translate"] for g in args], dtype=torch.float64),
+                             torch.tensor([g["scale"] for g in args], dtype=torch.float64))
         return _warp(x, inv, "bilinear")
     if rotate:
         x = _batch_rotate(x, params)
@@ -211,17 +241,20 @@ def _batch_geometry(x: torch.Tensor, a: AugmentSettings, params: list[dict], *, 
 
 
 def _batch_rotate(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
-    # v2.functional.rotate(angle) samples through the inverse of an affine rotation by -angle
-    inv = [_get_inverse_affine_matrix([0.0, 0.0], -p["angle"], [0.0, 0.0], 1.0, [0.0, 0.0]) for p in params]
+    # v2.functional.rotate(angle) is an affine rotation by -angle (counter-clockwise) about the centre
+    b = len(params)
+    inv = inverse_affine(-torch.tensor([p["angle"] for p in params], dtype=torch.float64),
+                         torch.zeros(b, 2, dtype=torch.float64), torch.ones(b, dtype=torch.float64))
     return _warp(x, inv, ROTATE_INTERPOLATION.value)
 
 
 def _batch_flips(x: torch.Tensor, params: list[dict]) -> torch.Tensor:
-    b, dev = x.shape[0], x.device
-    hf = torch.tensor([p["hflip"] for p in params], device=dev).view(b, 1, 1, 1)
-    vf = torch.tensor([p["vflip"] for p in params], device=dev).view(b, 1, 1, 1)
-    x = torch.where(hf, x.flip(-1), x)
-    return torch.where(vf, x.flip(-2), x)
+    for key, dim in (("hflip", -1), ("vflip", -2)):
+        rows = [i for i, p in enumerate(params) if p[key]]
+        if rows:
+            idx = torch.tensor(rows, device=x.device)
+            x = x.index_copy(0, idx, x.index_select(0, idx).flip(dim))
+    return x
 
 
 def _batch_photometric(x: torch.Tensor, a: AugmentSettings, params: list[dict]) -> torch.Tensor:

@@ -85,7 +85,9 @@ class Trainer:
         if protocol == "finetune":
             groups.insert(0, {"params": list(self.model.encoder.parameters()), "lr": cfg.lr_encoder,
                               "name": "encoder"})
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr_classifier, weight_decay=cfg.weight_decay)
+        # fused AdamW on CUDA (one kernel over all parameters); the CPU keeps the default (foreach) kernel
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr_classifier, weight_decay=cfg.weight_decay,
+                                           fused=True if cuda else None)
         self.scheduler = make_scheduler(self.optimizer, cfg.total_steps, cfg.warmup_frac)
         w = None if class_weight is None else torch.as_tensor(class_weight, dtype=torch.float32)
         self.loss_weight = w
