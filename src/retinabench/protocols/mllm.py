@@ -358,10 +358,11 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
         preds = run_mllm(m, ti.images, ti.image_ids, ti.manifest, ti.split, ti.task, prompts,
                          prompt_sets=prompt_sets, regimes=s.regimes, max_new_tokens=s.max_new_tokens,
                          batch_size=s.batch_size, answer=answer)
-        t = preds.attrs["throughput"]
-        done = {k: done[k] + t[k] for k in done}
-        log(f"mllm {entry['name']}/{ti.task['name']}: {t['prompts']} prompts in {t['seconds']:.1f} s "
-            f"({t['prompts'] / max(t['seconds'], 1e-9):.2f} prompts/s, {s.backend})")
+        if "throughput" in preds.attrs:  # run_mllm's count of the prompts asked and their seconds
+            t = preds.attrs["throughput"]
+            done = {k: done[k] + t[k] for k in done}
+            log(f"mllm {entry['name']}/{ti.task['name']}: {t['prompts']} prompts in {t['seconds']:.1f} s "
+                f"({t['prompts'] / max(t['seconds'], 1e-9):.2f} prompts/s, {s.backend})")
         if adapter is not None:
             preds = adapter_predictions(preds, m)
         counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]).isin(["mllm", "mllm_lora"])])
