@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from retinabench.models import answer_tokens, load_mllm
+from retinabench.models.mllm import chat_texts
 from retinabench.models.tiny import tiny_tokenizer
 from retinabench.prompts import load_prompts
 from retinabench.protocols import mllm as mllm_mod
@@ -150,7 +151,7 @@ def test_both_backends_give_the_same_predictions(tiny_mllms, prompts, fake_vllm,
     engine = FakeLLM.instances[-1]
     m = load_mllm(entry, weights=folder, device="cpu")
     assert engine.args["limit_mm_per_prompt"] == {"image": 1} and engine.args["seed"] == 0
-    assert engine.requests[0]["prompt"] == mllm_mod.chat_texts(m.processor, prompts.mllm("focus", TASK),
+    assert engine.requests[0]["prompt"] == chat_texts(m.processor, prompts.mllm("focus", TASK),
                                                                b["prompt"].iloc[:1])[0]
     assert len(engine.requests) == 2 * 6  # one request per (prompt set, image): both protocols share it
     assert b.attrs["throughput"]["backend"] == "vllm" and b.attrs["throughput"]["prompts"] == 12
@@ -183,7 +184,7 @@ def test_transformers_batches_run_longest_first_and_rows_keep_their_order(tiny_m
     batched = mllm_mod.generate_answers(m, p, questions, images, max_new_tokens=2, batch_size=2)
     assert seen == sorted(seen, reverse=True) and len(seen) == 3
     assert batched.attrs["prompts"] == 5 and batched.attrs["seconds"] > 0
-    texts = mllm_mod.chat_texts(m.processor, p, questions)
+    texts = chat_texts(m.processor, p, questions)
     order = mllm_mod.length_order(m.tokenizer, texts)
     assert order[0] == 1 and sorted(order.tolist()) == list(range(5))
     one = pd.concat([mllm_mod.generate_answers(m, p, [q], [im], max_new_tokens=2) for q, im in

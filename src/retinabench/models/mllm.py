@@ -67,6 +67,13 @@ def answer_tokens(tokenizer) -> AnswerTokens:
     return AnswerTokens(tuple(ids["yes"]), tuple(ids["no"]), counted, excluded)
 
 
+def chat_texts(processor, prompt, questions) -> list[str]:
+    """Each question of a yes/no ``prompt`` (:class:`retinabench.prompts.YesNoPrompt`) rendered by the model's
+    chat template (one image, generation prompt added): the text both backends send."""
+    return [processor.apply_chat_template(prompt.messages(q), add_generation_prompt=True, tokenize=False)
+            for q in questions]
+
+
 @dataclass
 class MLLM:
     name: str

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.models.adapters import AdapterError
-from retinabench.models.mllm import MLLM, AnswerTokens, load_mllm
+from retinabench.models.mllm import MLLM, AnswerTokens, chat_texts, load_mllm
 from retinabench.prompts import PromptRegistry, YesNoPrompt, protocol_name, render_questions
 
 MLLM_PROTOCOLS = ("mllm", "mllm_renorm")
@@ -84,13 +84,6 @@ def greedy_config(model, max_new_tokens: int, pad_token_id: int | None, logits: 
     if pad_token_id is not None:
         gc.pad_token_id = pad_token_id
     return gc
-
-
-def chat_texts(processor, prompt: YesNoPrompt, questions: Sequence[str]) -> list[str]:
-    """Each question rendered by the model's chat template (one image, generation prompt added): the text both
-    backends send."""
-    return [processor.apply_chat_template(prompt.messages(q), add_generation_prompt=True, tokenize=False)
-            for q in questions]
 
 
 def length_order(tokenizer, texts: Sequence[str]) -> np.ndarray:
@@ -328,7 +321,8 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
     from retinabench.protocols.native_inputs import check_images, mllm_inputs_record
     s = MLLMSettings.of(settings, "mllm")
-    answer = None
+    answer: Any = None  # the backend's generate_answers (None: this module's)
+    m: MLLM
     if s.backend == "vllm":  # vLLM's engine: same processor (chat template, answer tokens), prompts and parser
         from retinabench.models.mllm import load_mllm_vllm
         from retinabench.protocols.mllm_vllm import generate_answers as answer

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from retinabench.models.mllm import AnswerTokens, VllmMLLM
+from retinabench.models.mllm import AnswerTokens, VllmMLLM, chat_texts
 from retinabench.prompts import YesNoPrompt
 
 CHUNK = 32  # batches of prompts handed to the engine at once
@@ -69,7 +69,6 @@ def generate_answers(mllm: VllmMLLM, prompt: YesNoPrompt, questions: Sequence[st
     """Answer text and yes/no scores for each (question, image), in order, as
     :func:`retinabench.protocols.mllm.generate_answers` gives them, from one vLLM request each. ``attrs``:
     ``prompts`` and ``seconds``."""
-    from retinabench.protocols.mllm import chat_texts
     if len(questions) != len(images):
         raise ValueError(f"{len(questions)} questions for {len(images)} images")
     t0 = time.perf_counter()
