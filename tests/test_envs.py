@@ -28,6 +28,8 @@ def test_every_env_pin_is_the_lock_pin_and_the_gpu_stack_stays_out_of_core():
     lock = {sync.canonical(k): v for k, v in sync.lock_pins().items()}
     for env in sync.ENVS:
         for name, version in env_pins(env).items():
+            if env == "vllm" and f"{name}=={version}" == sync.VLLM:
+                continue  # vLLM's own pin: deliberately not in the lock
             assert lock.get(sync.canonical(name)) == version, f"envs/{env}.yaml pins {name}=={version}, lock {lock.get(sync.canonical(name))}"
     core, gpu = env_pins("core"), env_pins("torch")
     assert "torch" not in core and "transformers" not in core and "snakemake" in core
@@ -38,7 +40,7 @@ def test_every_env_pin_is_the_lock_pin_and_the_gpu_stack_stays_out_of_core():
 def test_every_rule_has_a_conda_environment_that_exists():
     common = (REPO / "workflow" / "rules" / "common.smk").read_text()
     envs = dict(re.findall(r'^(\w+_ENV) = "([^"]+)"', common, re.M))
-    assert set(envs) == {"CORE_ENV", "TORCH_ENV", "MLLM_ENV"}
+    assert set(envs) == {"CORE_ENV", "TORCH_ENV", "MLLM_ENV", "VLLM_ENV"}
     for path in envs.values():
         assert (REPO / "workflow" / "rules" / path).resolve().is_file(), path
     missing = []
@@ -50,3 +52,13 @@ def test_every_rule_has_a_conda_environment_that_exists():
             if "script:" in body and not re.search(r"conda:\s*\n\s*\w+_ENV", body):
                 missing.append(f"{smk.name}: {name}")
     assert not missing, f"rules without conda: {missing}"
+
+
+def test_the_vllm_env_leaves_vllms_stack_to_vllm_and_pins_the_rest_as_the_lock():
+    pins = env_pins("vllm")
+    assert f"vllm=={pins.pop('vllm')}" == sync.VLLM
+    names = {sync.canonical(n) for n in pins}
+    assert not names & {"torch", "torchvision", "transformers", "numpy", "pydantic"}  # vLLM resolves these
+    assert {"pandas", "pyarrow", "snakemake"} <= names
+    interfaces = (REPO / "workflow" / "rules" / "interfaces.smk").read_text()
+    assert re.search(r'MLLM_JOB_ENV = VLLM_ENV if .*backend == "vllm" else MLLM_ENV', interfaces)

@@ -17,6 +17,7 @@ STAGE = "../scripts/stage.py"
 CORE_ENV = "../../envs/core.yaml"
 TORCH_ENV = "../../envs/torch.yaml"
 MLLM_ENV = "../../envs/mllm.yaml"
+VLLM_ENV = "../../envs/vllm.yaml"  # the mllm rule on `mllm.backend: vllm` (workflow/rules/interfaces.smk)
 
 try:
     P.start(main_process=workflow.is_main_process)

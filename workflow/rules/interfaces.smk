@@ -3,6 +3,8 @@
 # enabled interface (config `zeroshot:` / `mllm:`); the plan is retinabench.plan.interfaces.
 
 IFP = P.interfaces
+# The mllm rule's environment: vLLM's own (envs/vllm.yaml) on `mllm.backend: vllm`, else the MLLM one.
+MLLM_JOB_ENV = VLLM_ENV if IFP.settings["mllm"].backend == "vllm" else MLLM_ENV
 
 
 rule zeroshot:
@@ -34,7 +36,7 @@ rule mllm:
     log:
         P.log("mllm"),
     conda:
-        MLLM_ENV
+        MLLM_JOB_ENV
     threads: 2
     resources:
         mem_mb=IFP.resource("mllm", "mem_mb"),

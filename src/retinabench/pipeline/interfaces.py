@@ -64,6 +64,7 @@ def stage_interface(job: Job) -> None:
         from retinabench.protocols.mllm import answer_counts
         counts = answer_counts(preds)
         extra["invalid_answers"] = {"n": int(counts["n"].sum()), "n_invalid": int(counts["n_invalid"].sum())}
+        extra["throughput"] = preds.attrs.get("throughput")  # backend, prompts, seconds, prompts/s
     tasks = {t["name"]: t for t in p["tasks"]}
     inputs = job.input_files()  # a local weights folder (the demo's tiny models) file by file
     write_outputs(job, {"predictions": preds, "metrics": metrics_table(preds, tasks)},

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import re
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -38,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from retinabench.models.adapters import AdapterError
-from retinabench.models.mllm import MLLM, AnswerTokens, load_mllm
+from retinabench.models.mllm import MLLM, AnswerTokens, chat_texts, load_mllm
 from retinabench.prompts import PromptRegistry, YesNoPrompt, protocol_name, render_questions
 
 MLLM_PROTOCOLS = ("mllm", "mllm_renorm")
@@ -85,13 +86,18 @@ def greedy_config(model, max_new_tokens: int, pad_token_id: int | None, logits: 
     return gc
 
 
-def _batch_inputs(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], images: Sequence[np.ndarray]):
+def length_order(tokenizer, texts: Sequence[str]) -> np.ndarray:
+    """The prompts' order by token count, longest first (equal lengths keep their order): batches of similar
+    lengths carry little padding, and the largest batch runs first."""
+    lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+    return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+
+
+def _batch_inputs(mllm: MLLM, texts: Sequence[str], images: Sequence[np.ndarray]):
     proc = mllm.processor
-    texts = [proc.apply_chat_template(prompt.messages(q), add_generation_prompt=True, tokenize=False)
-             for q in questions]
     # one image per conversation (nested: the batched form); a decoded original (inputs: native) as the PIL image
     imgs = [[im if hasattr(im, "getbands") else np.asarray(im)] for im in images]
-    inputs = proc(text=texts, images=imgs, padding=True, return_tensors="pt")
+    inputs = proc(text=list(texts), images=imgs, padding=True, return_tensors="pt")
     out = {}
     for k, v in inputs.items():
         if hasattr(v, "to"):
@@ -106,21 +112,26 @@ def generate_answers(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], 
                      *,
                      max_new_tokens: int = DEFAULTS["max_new_tokens"], batch_size: int = DEFAULTS["batch_size"],
                      score: bool = True) -> pd.DataFrame:
-    """Answer text and yes/no scores for each (question, image), in order, from one generate() per batch.
+    """Answer text and yes/no scores for each (question, image), in order, from one generate() per batch; the
+    prompts run longest first (:func:`length_order`), the rows come back in the given order. ``attrs``:
+    ``prompts`` and ``seconds`` (the throughput the job reports).
 
     ``score=False``: the text only, from a generate() that returns no logits (the benchmark's "generate alone"
     arm)."""
     import torch
     if len(questions) != len(images):
         raise ValueError(f"{len(questions)} questions for {len(images)} images")
+    t0 = time.perf_counter()
     tok = mllm.tokenizer
+    texts = chat_texts(mllm.processor, prompt, questions)
+    order = length_order(tok, texts)
     gc = greedy_config(mllm.model, max_new_tokens, tok.pad_token_id, logits=score)
     cols: dict[str, list] = {"answer": [], "prob_yes": [], "prob_no": [], "mass": [], "renorm": []}
     mllm.model.eval()
     with torch.inference_mode():
         for start in range(0, len(questions), batch_size):
-            inputs = _batch_inputs(mllm, prompt, questions[start:start + batch_size],
-                                   images[start:start + batch_size])
+            rows = order[start:start + batch_size]
+            inputs = _batch_inputs(mllm, [texts[i] for i in rows], [images[int(i)] for i in rows])
             out = mllm.model.generate(**inputs, generation_config=gc)
             new = out.sequences[:, inputs["input_ids"].shape[1]:]
             cols["answer"] += tok.batch_decode(new, skip_special_tokens=True)
@@ -128,9 +139,11 @@ def generate_answers(mllm: MLLM, prompt: YesNoPrompt, questions: Sequence[str], 
                 s = yes_no_scores(out.logits[0], mllm.tokens)
                 for k in ("prob_yes", "prob_no", "mass", "renorm"):
                     cols[k] += s[k].tolist()
-    if not score:
-        return pd.DataFrame({"answer": cols["answer"]})
-    return pd.DataFrame(cols)
+    frame = pd.DataFrame(cols if score else {"answer": cols["answer"]})
+    frame.index = order  # the row each answer belongs to
+    frame = frame.sort_index().reset_index(drop=True)
+    frame.attrs.update(prompts=len(questions), seconds=time.perf_counter() - t0)
+    return frame
 
 
 def mllm_predictions(rows: pd.DataFrame, answers: pd.DataFrame, questions: Sequence[str], task: dict,
@@ -181,10 +194,11 @@ class RowView:
 def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest: pd.DataFrame, split: pd.DataFrame,
              task: dict, prompts: PromptRegistry, *, prompt_sets: Iterable[str] | None = None,
              regimes: Sequence[str] = ("u-u",), max_new_tokens: int = DEFAULTS["max_new_tokens"],
-             batch_size: int = DEFAULTS["batch_size"]) -> pd.DataFrame:
+             batch_size: int = DEFAULTS["batch_size"], answer=None) -> pd.DataFrame:
     """MLLM predictions of one (model, task): every mllm prompt set of the task (or ``prompt_sets``), both
     protocols, each regime's validation and test rows. Each image is asked once per prompt set (regimes share
-    the answers). ``images``: uint8 NHWC aligned with ``image_ids``; ``manifest``: the dataset's manifest (the
+    the answers), by ``answer`` (the backend's :func:`generate_answers`: this module's, or
+    :func:`retinabench.protocols.mllm_vllm.generate_answers`); ``attrs["throughput"]``: prompts and seconds. ``images``: uint8 NHWC aligned with ``image_ids``; ``manifest``: the dataset's manifest (the
     metadata a question may use, and the label fields the leakage guard checks)."""
     from retinabench.protocols.zeroshot import regime_queries
     sets = list(prompt_sets) if prompt_sets is not None else prompts.sets_for("mllm", task)
@@ -206,12 +220,14 @@ def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest:
         raise KeyError(f"mllm {mllm.name}/{task['name']}: {len(absent)} split images are not in the manifest, "
                        f"e.g. {absent[:3]}")
     meta_rows = meta.loc[needed].reset_index()
-    frames = []
+    frames, done = [], {"prompts": 0, "seconds": 0.0}
     for s in sets:
         prompt = prompts.mllm(s, task)
         questions = render_questions(prompt, meta_rows)  # every row checked before the model runs
-        answers = generate_answers(mllm, prompt, questions, RowView(images, [index[i] for i in needed]),
-                                   max_new_tokens=max_new_tokens, batch_size=batch_size)
+        answers = (answer or generate_answers)(mllm, prompt, questions, RowView(images, [index[i] for i in needed]),
+                                               max_new_tokens=max_new_tokens, batch_size=batch_size)
+        for k in done:
+            done[k] += answers.attrs[k]
         answers.index = pd.Index(needed, name="image_id")
         q_of = dict(zip(needed, questions))
         for regime, part, rows in queries:
@@ -219,7 +235,9 @@ def run_mllm(mllm: MLLM, images: np.ndarray, image_ids: Sequence[str], manifest:
             frames.append(mllm_predictions(rows, a.reset_index(drop=True), [q_of[i] for i in rows["image_id"]],
                                            task, mllm.name, prompt, default_set=prompts.default("mllm"),
                                            regime=regime, part=part))
-    return pd.concat(frames, ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs["throughput"] = done
+    return out
 
 
 # --- predictions of an adapter-carrying model --------------------------------------------------------------------
@@ -303,7 +321,17 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
     from retinabench.protocols.interfaces import MLLMSettings, finish_predictions
     from retinabench.protocols.native_inputs import check_images, mllm_inputs_record
     s = MLLMSettings.of(settings, "mllm")
-    m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
+    answer: Any = None  # the backend's generate_answers (None: this module's)
+    m: MLLM
+    if s.backend == "vllm":  # vLLM's engine: same processor (chat template, answer tokens), prompts and parser
+        from retinabench.models.mllm import load_mllm_vllm
+        from retinabench.protocols.mllm_vllm import generate_answers as answer
+        if adapter is not None:
+            raise AdapterError(f"mllm {entry['name']}: a LoRA adapter runs on backend transformers only (set "
+                               "mllm.backend: transformers)")
+        m = load_mllm_vllm(entry, weights=weights, device=s.device, dtype=s.dtype)
+    else:
+        m = load_mllm(entry, weights=weights, device=s.device, dtype=s.dtype)
     record = mllm_inputs_record(s.inputs, m.processor)
     prompt_sets = s.prompt_sets
     if adapter is not None:
@@ -313,9 +341,9 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
         prompt_sets = [rec["prompt_set"]]
         log(f"mllm {entry['name']}: adapter {adapter} (sha256 {rec['sha256'][:12]}, trained on "
             f"{rec['dataset']}/{rec['task']}, prompt set {rec['prompt_set']!r})")
-    log(f"mllm {entry['name']}: {type(m.model).__name__} on {m.device} ({m.dtype}); yes/no tokens "
+    log(f"mllm {entry['name']}: {type(m.model).__name__} ({s.backend}) on {m.device} ({m.dtype}); yes/no tokens "
         f"{sorted(m.tokens.counted, key=repr)}; {len(inputs)} task(s); inputs {record}")
-    frames = []
+    frames, done = [], {"prompts": 0, "seconds": 0.0}
     for ti in inputs:
         check_images(s.inputs, ti.images, f"mllm {entry['name']}/{ti.task['name']}")
         if ti.manifest is None:
@@ -323,7 +351,12 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
                              "(question metadata and the leakage guard)")
         preds = run_mllm(m, ti.images, ti.image_ids, ti.manifest, ti.split, ti.task, prompts,
                          prompt_sets=prompt_sets, regimes=s.regimes, max_new_tokens=s.max_new_tokens,
-                         batch_size=s.batch_size)
+                         batch_size=s.batch_size, answer=answer)
+        if "throughput" in preds.attrs:  # run_mllm's count of the prompts asked and their seconds
+            t = preds.attrs["throughput"]
+            done = {k: done[k] + t[k] for k in done}
+            log(f"mllm {entry['name']}/{ti.task['name']}: {t['prompts']} prompts in {t['seconds']:.1f} s "
+                f"({t['prompts'] / max(t['seconds'], 1e-9):.2f} prompts/s, {s.backend})")
         if adapter is not None:
             preds = adapter_predictions(preds, m)
         counts = answer_counts(preds[preds["protocol"].map(lambda p: p.split("@")[0]).isin(["mllm", "mllm_lora"])])
@@ -334,4 +367,6 @@ def run(entry: dict, inputs: Sequence, prompts: PromptRegistry, settings=None, *
         frames.append(drop_invalid(preds) if s.invalid_answers == "drop" else preds)
     out = finish_predictions(frames, f"mllm {entry['name']}")
     out.attrs["inputs"] = record  # the stage's provenance
+    out.attrs["throughput"] = {"backend": s.backend, "prompts": done["prompts"], "seconds": round(done["seconds"], 3),
+                               "prompts_per_s": round(done["prompts"] / max(done["seconds"], 1e-9), 3)}
     return out

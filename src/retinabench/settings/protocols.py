@@ -127,6 +127,11 @@ class MLLMSettings(_PromptJob):
                                      "in n_answers / n_dropped); invalid_rate is reported either way")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU")
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="the inference engine: transformers (batched generate(), prompts sorted by "
+                                    "length) or vllm (vLLM's offline engine in its own conda environment, "
+                                    "envs/vllm.yaml; p_yes from the first token's log-probabilities of the same "
+                                    "request); same prompts, parser and predictions either way")
 
 
 class MLLMSection(MLLMSettings, _Planned):
