@@ -22,6 +22,7 @@ rule zeroshot:
     params:
         code=P.code("zeroshot"),
         job=IFP.params("zeroshot"),
+        locations=IFP.locations("zeroshot"),
     script:
         STAGE
 
@@ -43,6 +44,7 @@ rule mllm:
     params:
         code=P.code("mllm"),
         job=IFP.params("mllm"),
+        locations=IFP.locations("mllm"),
     script:
         STAGE
 
