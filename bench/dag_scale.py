@@ -31,6 +31,8 @@ def fake_lock(work: Path, config_files: list[str], data_root: Path) -> None:
     """A lock file beside the config's encoder registry recording placeholder pins for every encoder entry a job of
     the merged config loads."""
     import yaml
+    for module in [m for m in sys.modules if m == "retinabench" or m.startswith("retinabench.")]:
+        del sys.modules[module]  # the previous config's copy (deleted): import this copy's package afresh
     sys.path.insert(0, str(work / "src"))
     from snakemake.utils import update_config
 

@@ -128,5 +128,9 @@ def test_the_plan_gives_native_jobs_the_raw_files_and_roots_instead_of_the_cache
     assert not any(k.startswith(("array_", "index_")) for k in ni)
     assert {k: v for k, v in ni.items() if k.startswith("raw_files_")} == {
         f"raw_files_{d}": p.interfaces.core.path("raw_files", dataset=d) for d in datasets}
-    assert np_["roots"] == {d: p.interfaces.core.selection.dataset_root(d) for d in datasets}
+    # the raw folders are a location: a `locations` param (kept out of the params rerun trigger), merged into `job`
+    from retinabench.plan.core import merge_locations
+    assert "roots" not in np_
+    merged = merge_locations({"job": np_, "locations": p.interfaces.locations("zeroshot")(WC, [])})
+    assert merged["job"]["roots"] == {d: p.interfaces.core.selection.dataset_root(d) for d in datasets}
     assert np_["settings"]["inputs"] == "native" and cp["settings"]["inputs"] == "cache"

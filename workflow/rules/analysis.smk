@@ -84,5 +84,6 @@ rule skipped_analyses:
     params:
         **AN.skipped_params(),
         code=P.code("skipped_analyses"),
+        locations=P.located(figure_tables=AN.skipped_figure_tables()),
     script:
         STAGE

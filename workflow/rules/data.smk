@@ -22,7 +22,8 @@ rule phantom:
 
 rule manifest:
     input:
-        index=lambda wc: P.index_files(wc.dataset),
+        # the raw fingerprint covers every raw file's content; index files are inputs only when generated
+        index=lambda wc: P.index_inputs(wc.dataset),
         fingerprint=lambda wc: P.raw_fingerprint(wc.dataset, main_process=workflow.is_main_process),
     output:
         manifest=P.path("manifest"),
@@ -38,8 +39,9 @@ rule manifest:
         # Only this dataset's adapter and the helpers it imports: adding or editing another adapter reruns nothing.
         code=P.manifest_code,
         dataset=lambda wc: REG.dataset(wc.dataset),
-        root=lambda wc: P.selection.dataset_root(wc.dataset),
         images=P.images_settings,
+        # where the raw folder is, not what decides a rerun (P.located): moving data_root reruns nothing
+        locations=P.located(root=P.dataset_root),
     script:
         STAGE
 
@@ -135,6 +137,6 @@ rule image_cache:
     params:
         code=P.code("image_cache"),
         image_cache=config["image_cache"],
-        root=lambda wc: P.selection.dataset_root(wc.dataset),
+        locations=P.located(root=P.dataset_root),
     script:
         STAGE

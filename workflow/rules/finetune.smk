@@ -29,7 +29,8 @@ rule finetune:
         encoder=lambda wc: REG.encoder(wc.encoder),
         finetune=FT.job_settings,
         regimes=FT.regimes,
-        checkpoints=FT.checkpoints,
+        # resume folders under results: a location (P.located), never a rerun trigger
+        locations=P.located(checkpoints=FT.checkpoints),
     script:
         STAGE
 
@@ -84,7 +85,7 @@ rule sweep_linear:
         encoder=lambda wc: REG.encoder(wc.encoder),
         finetune=FT.sweep_job_settings,
         sweep=FT.sweep_params(1),
-        checkpoints=FT.sweep_checkpoints(1),
+        locations=P.located(checkpoints=FT.sweep_checkpoints(1)),
     script:
         STAGE
 
@@ -111,7 +112,7 @@ rule sweep_finetune:
         encoder=lambda wc: REG.encoder(wc.encoder),
         finetune=FT.sweep_job_settings,
         sweep=FT.sweep_params(2),
-        checkpoints=FT.sweep_checkpoints(2),
+        locations=P.located(checkpoints=FT.sweep_checkpoints(2)),
     script:
         STAGE
 

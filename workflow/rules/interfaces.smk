@@ -24,6 +24,7 @@ rule zeroshot:
     params:
         code=P.code("zeroshot"),
         job=IFP.params("zeroshot"),
+        locations=IFP.locations("zeroshot"),
     script:
         STAGE
 
@@ -45,6 +46,7 @@ rule mllm:
     params:
         code=P.code("mllm"),
         job=IFP.params("mllm"),
+        locations=IFP.locations("mllm"),
     script:
         STAGE
 

@@ -53,6 +53,7 @@ rule mllm_lora_infer:
     params:
         code=P.code("mllm_lora_infer"),
         job=LP.infer_params,
+        locations=LP.infer_locations(),
     script:
         STAGE
 

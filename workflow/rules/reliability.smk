@@ -85,8 +85,9 @@ rule reliability_paired:
         code=P.code("reliability_paired"),
         reliability=REL.parts("paired", "bootstrap", "n_bins", "ece_bin_edges"),
         tasks=REL.plan_tasks,
-        sources=REL.paired_sources(),
         encoders=P.encoders,
+        # the predictions files (inputs) by source: locations (P.located), the files' content decides
+        locations=P.located(sources=REL.paired_sources()),
     script:
         STAGE
 
@@ -176,6 +177,7 @@ rule protocol_sensitivity:
         ),
         tasks=REL.plan_tasks,
         sensitivity=SENS.params(),
+        locations=P.located(sensitivity=SENS.files()),
     script:
         STAGE
 

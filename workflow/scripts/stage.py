@@ -11,8 +11,10 @@ if importlib.util.find_spec("retinabench") is None:  # a conda environment (--sd
     sys.path.insert(0, str(Path(sm.scriptdir).parents[1] / "src"))
 
 from retinabench.pipeline import Job, run_stage  # noqa: E402
+from retinabench.plan.core import merge_locations  # noqa: E402
+# `locations` (retinabench.plan.CorePlan.located): paths kept out of the params rerun trigger, merged back here
 job = Job(rule=sm.rule, input=dict(sm.input.items()), output=dict(sm.output.items()),
-          params=dict(sm.params.items()), wildcards=dict(sm.wildcards.items()),
+          params=merge_locations(dict(sm.params.items())), wildcards=dict(sm.wildcards.items()),
           threads=sm.threads)
 with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
     try:

@@ -54,7 +54,7 @@ def stage_manifest(job: Job) -> None:
     write_artifact(manifest, job.output["manifest"], "manifest")
     write_artifact(exclusions, job.output["exclusions"], "exclusions")
     write_artifact(hashes.sort_values("image_id").reset_index(drop=True), job.output["hashes"], "image_hashes")
-    index_files = [f for f in job.inputs_flat() if Path(f).name != "raw_fingerprint.json"]
+    index_files = [root / f for f in entry.get("index_files", [])]  # inputs only when generated (a location)
     raw = [{"path": str(Path(f)), "sha256": sha256_file(f), "note": "index file"} for f in index_files]
     raw.append({"path": str(root), "note": f"{len(manifest)} images; per-file sha256 in the manifest's sha256 column"})
     if raw_state:

@@ -88,8 +88,12 @@ class AnalysisPlan:
         lora_skips = self.core.lora.skipped() if hasattr(self.core, "lora") else []
         return {"planned": (self.planned_skips + rel.skipped() + lora_skips
                             + skip_table.optional_layers(self.core.config)),
-                "figure_tables": {f: f"{rel.figure_dir(f)}/skipped.csv" for f in rel.figure_names()},
-                "produced": self.produced()}
+                "figures": rel.figure_names(), "produced": self.produced()}
+
+    def skipped_figure_tables(self) -> dict[str, str]:
+        """{figure: its skipped.csv} (inputs of rule skipped_analyses; a location: CorePlan.located)."""
+        rel = self.reliability
+        return {f: f"{rel.figure_dir(f)}/skipped.csv" for f in rel.figure_names()}
 
     def targets(self) -> list[str]:
         """Analysis outputs requested by `all` (only those whose inputs this config produces), the baselines and the

@@ -14,7 +14,8 @@ import hashlib
 from functools import cache
 from pathlib import Path
 
-from retinabench.hashing import import_names, module_closure, module_imports
+from retinabench import hashing
+from retinabench.hashing import import_names, module_file, module_imports
 
 PACKAGE = Path(__file__).resolve().parents[1]
 PIPELINE = PACKAGE / "pipeline"
@@ -49,6 +50,30 @@ def _hash(files: list[Path]) -> str:
         h.update(str(f.relative_to(PACKAGE)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+@cache
+def _imports(module: str) -> tuple[Path | None, frozenset[str]]:
+    """A module's source file and the module names it imports, parsed once per process (the Snakefile asks for
+    ~50 rules' code, whose closures share most modules)."""
+    path = module_file(module)
+    return path, frozenset(module_imports(path, module)) if path is not None else frozenset()
+
+
+def module_closure(*modules: str) -> list[Path]:
+    """:func:`retinabench.hashing.module_closure` over the memoised :func:`_imports`: the same files."""
+    seen: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen or name in hashing._REGISTRY_MODULES:
+            continue
+        path, imports = _imports(name)
+        if path is None:
+            continue
+        seen[name] = path
+        todo.extend(imports)
+    return sorted(set(seen.values()))
 
 
 @cache

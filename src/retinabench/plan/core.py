@@ -20,6 +20,17 @@ def alternatives(names) -> str:
     return "|".join(re.escape(str(n)) for n in names) or "(?!)"
 
 
+def merge_locations(params: dict) -> dict:
+    """A job's params with its ``locations`` param (:meth:`CorePlan.located`) merged in: a mapping merged key by key
+    into the param of the same name, anything else set; what a stage reads (workflow/scripts/stage.py)."""
+    def merge(base, extra):
+        if isinstance(base, Mapping) and isinstance(extra, Mapping):
+            return {**base, **{k: merge(base.get(k), v) for k, v in extra.items()}}
+        return extra
+    out = {k: v for k, v in params.items() if k != "locations"}
+    return merge(out, params.get("locations") or {})
+
+
 def intended_executor(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> str | None:
     """The executor this run will use (--executor / -e, else the profile's `executor`), read from the command
     line: Snakemake picks the executor only after it has parsed the Snakefile."""
@@ -65,6 +76,24 @@ class CorePlan:
         """The generated phantom's metadata file, wildcard ``generated_root``: under the results folder
         (``<results>/raw/<root>``, :meth:`~retinabench.plan.selection.Plan.dataset_root`), never under data_root."""
         return self.path("phantom_metadata")
+
+    # -- locations: params that never decide a rerun ---------------------------------------------------------
+    @staticmethod
+    def located(**parts):
+        """The ``locations`` param of a rule: where a job finds or keeps files (a raw folder under data_root,
+        checkpoint folders and other paths under results), never what decides a rerun. Content decides: the raw
+        fingerprint, manifests, sidecars and the other inputs. Snakemake leaves a param out of its params rerun
+        trigger when the param's function takes ``input`` (a "derived" param: ``Job.non_derived_params``), so this
+        param's function takes it, unused; workflow/scripts/stage.py merges the returned mapping into the job's
+        params (``{"job": {"roots": ...}}`` adds ``roots`` to the ``job`` param), so a stage reads a location
+        where it always did. ``parts``: name -> a value or a function of the wildcards."""
+        def locations(wildcards, input) -> dict:  # noqa: ARG001 - ``input`` marks the param derived (see above)
+            return {k: v(wildcards) if callable(v) else v for k, v in parts.items()}
+        return locations
+
+    def dataset_root(self, wc) -> str:
+        """The raw folder of the job's dataset (a location: pass it through :meth:`located`)."""
+        return self.selection.dataset_root(wc.dataset)
 
     # -- code, resources -----------------------------------------------------------------------------------
     @staticmethod
@@ -159,6 +188,16 @@ class CorePlan:
 
     def index_files(self, dataset: str) -> list[str]:
         return [os.path.join(self.selection.dataset_root(dataset), f) for f in self.reg.dataset(dataset)["index_files"]]
+
+    def index_inputs(self, dataset: str) -> list[str]:
+        """The manifest job's index-file inputs: a generated dataset's (rule phantom writes them), or those of a
+        dataset whose raw folder is missing (Snakemake then names them); none otherwise, because an input's path is
+        itself a rerun trigger ("set of input files changed") and the raw fingerprint already covers every raw
+        file's content, index files included: moving the raw folder reruns nothing."""
+        entry = self.reg.dataset(dataset)
+        if entry.get("generated") or not os.path.isdir(self.selection.dataset_root(dataset)):
+            return self.index_files(dataset)
+        return []
 
     def frozen(self, kind: str) -> list[str]:
         name = {"metrics": "job_metrics", "training_logs": "training_log"}.get(kind, kind)

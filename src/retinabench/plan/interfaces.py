@@ -73,6 +73,11 @@ class InterfacesPlan:
     def params(self, interface: str):
         return lambda wc: self.job_params(interface, wc)
 
+    def locations(self, interface: str):
+        """The job's ``locations`` param (CorePlan.located): the raw folders of ``native`` inputs, merged into its
+        ``job`` param as ``roots``; the raw files' snapshots (inputs) decide a rerun, not where the folders are."""
+        return self.core.located(job=lambda wc: self.image_params(interface, self.job(interface, wc).datasets))
+
     def job_inputs(self, interface: str, wc) -> dict:
         j, core = self.job(interface, wc), self.core
         out = {"prompts": self.prompts_path,
@@ -91,7 +96,8 @@ class InterfacesPlan:
         return {f"{k}_{d}": v for d in datasets for k, v in core.cache_files(d).items()}
 
     def image_params(self, interface: str, datasets) -> dict:
-        """``native`` inputs: the raw folder of each dataset (``roots``); nothing for ``cache``."""
+        """``native`` inputs: the raw folder of each dataset (``roots``, a location: :meth:`locations`); nothing
+        for ``cache``."""
         if self.settings[interface].inputs != "native":
             return {}
         return {"roots": {d: self.core.selection.dataset_root(d) for d in datasets}}
@@ -99,8 +105,7 @@ class InterfacesPlan:
     def job_params(self, interface: str, wc) -> dict:
         j = self.job(interface, wc)
         return {"entry": self.core.reg.encoder(wc.encoder), "tasks": [self.core.reg.task(t) for t in j.tasks],
-                "datasets": list(j.datasets), "settings": self.settings[interface].plain(),
-                **self.image_params(interface, j.datasets)}
+                "datasets": list(j.datasets), "settings": self.settings[interface].plain()}
 
     def resource(self, interface: str, key: str):
         return lambda wc: self.job(interface, wc).resources[key]

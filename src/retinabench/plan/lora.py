@@ -257,8 +257,12 @@ class LoraPlan:
         j = self.job(wc)
         return {"entry": self.core.reg.encoder(j.encoder), "tasks": [self.core.reg.task(t) for t in j.test_tasks],
                 "datasets": self.datasets(j), "settings": self.interfaces.settings["mllm"].plain(),
-                "device": self.settings.device, "source": j.source,
-                **self.interfaces.image_params("mllm", self.datasets(j))}
+                "device": self.settings.device, "source": j.source}
+
+    def infer_locations(self):
+        """The inference job's ``locations`` param (CorePlan.located): ``native`` inputs' raw folders, merged into
+        its ``job`` param as ``roots``."""
+        return self.core.located(job=lambda wc: self.interfaces.image_params("mllm", self.datasets(self.job(wc))))
 
     def delta_inputs(self) -> dict:
         base = sorted(p for p in {self.base_predictions(j.encoder, t) for j in self.jobs.values() for t in j.test_tasks}

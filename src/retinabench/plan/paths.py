@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import string
+from functools import cache
 
 __all__ = ["LOGS", "PATHS", "Paths", "wildcards"]
 
@@ -132,7 +133,12 @@ LOGS: dict[str, str] = {
 
 def wildcards(pattern: str) -> list[str]:
     """The wildcard names of a pattern, in order."""
-    return [f for _, f, _, _ in string.Formatter().parse(pattern) if f]
+    return list(_wildcards(pattern))
+
+
+@cache
+def _wildcards(pattern: str) -> tuple[str, ...]:  # asked ~150k times by a paper grid's dry run, for ~60 patterns
+    return tuple(f for _, f, _, _ in string.Formatter().parse(pattern) if f)
 
 
 class _Keep(dict):
@@ -153,7 +159,7 @@ class Paths:
 
     def path(self, artifact: str, /, **values) -> str:
         """The path of ``artifact`` with ``values`` filled in; a wildcard not given stays ``{wildcard}``."""
-        unknown = set(values) - set(wildcards(PATHS.get(artifact, "")))
+        unknown = set(values).difference(_wildcards(PATHS.get(artifact, "")))
         if artifact in PATHS and unknown:
             raise KeyError(f"path {artifact!r} ({PATHS[artifact]}) has no wildcard(s) {sorted(unknown)}")
         return self._pattern(PATHS, artifact, "path").format_map(_Keep({**self.fixed, **values}))

@@ -125,12 +125,19 @@ class SensitivityPlan:
                 "predictions": list(self.predictions().values())}
 
     def params(self) -> dict:
-        """What the job reads besides its inputs: the files by key, the run's values, the logreg section."""
+        """What the job reads besides its inputs and their paths (:meth:`files`): which variants and sources, the
+        run's values, the logreg section."""
         core = self.core
-        return {"feature_sources": self.feature_sources(), "extracted": self.extracted(),
-                "features": {f"{e}/{d}": core.features(e, d) for e in core.encoders for d in core.datasets},
-                "predictions": self.predictions(), "configured": self.configured(),
+        return {"feature_sources": self.feature_sources(), "extracted_keys": sorted(self.extracted()),
+                "prediction_keys": sorted(self.predictions()), "configured": self.configured(),
                 "logreg": core.config["logreg"], "encoders": list(core.encoders)}
+
+    def files(self) -> dict:
+        """The job's input files by key (``extracted``, ``features``, ``predictions``): locations under results,
+        merged into its ``sensitivity`` param (CorePlan.located); their content decides a rerun."""
+        core = self.core
+        return {"extracted": self.extracted(), "predictions": self.predictions(),
+                "features": {f"{e}/{d}": core.features(e, d) for e in core.encoders for d in core.datasets}}
 
     def table(self) -> str:
         return self.core.path("sensitivity_table")
