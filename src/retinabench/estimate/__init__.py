@@ -81,9 +81,9 @@ class _Acc:
 
 def estimate(p, a: Assumptions, *, sizes: dict | None = None) -> Estimate:
     """The estimate of plan ``p`` (a retinabench.plan.WorkflowPlan) under assumptions ``a``."""
-    sizes = declared_sizes() if sizes is None else sizes
-    fr = p.settings.split.fractions
     reg = p.reg
+    sizes = declared_sizes(reg.datasets) if sizes is None else sizes
+    fr = p.settings.split.fractions
     datasets = list(dict.fromkeys(list(p.datasets) + [p.task_dataset(t) for t in p.tasks]))
     images = {d: dataset_images(d, p.path("manifest", dataset=d), reg.datasets, sizes, a) for d in datasets}
     measured = Measured.read(p.path("compute_table"), p.path("finetune_compute"))

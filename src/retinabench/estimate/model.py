@@ -6,11 +6,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
-import yaml
 
-SIZES_FILE = "config/dataset_sizes.yaml"
 PEAK_BF16_TFLOPS = 989.0  # dense bf16 peak of one Hopper GPU (H100 SXM, the GH200's H100, H200): NVIDIA's data sheets
 
 
@@ -67,21 +64,16 @@ class Assumptions:
                 f"training = {self.train_factor:g} x forward (linear_aug {self.frozen_train_factor:g} x, saliency "
                 f"{self.saliency_factor:g} x per point); data-loading overhead {self.data_overhead:.0%}; "
                 f"start-up {self.startup_s:g} s per job (x GPUs)",
-                f"images: the built manifest's rows, else {SIZES_FILE}, else the parent dataset's (upper bound), "
-                f"else {self.default_images}; split shares from the config's split.fractions"]
+                f"images: the built manifest's rows, else the dataset registry's n_images, else the parent dataset's "
+                f"(upper bound), else {self.default_images}; split shares from the config's split.fractions"]
 
 
 # -- images -------------------------------------------------------------------------------------------------------
 
-def declared_sizes(path: str | os.PathLike = SIZES_FILE) -> dict[str, dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: the declared dataset sizes are missing (run from the repository root)")
-    sizes = yaml.safe_load(p.read_text()) or {}
-    for name, entry in sizes.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("images"), int) or "source" not in entry:
-            raise ValueError(f"{p}: dataset {name!r} needs {{images: <int>, source: <text>}}, got {entry!r}")
-    return sizes
+def declared_sizes(datasets: dict[str, dict]) -> dict[str, dict]:
+    """``{dataset: {images, source}}`` from the dataset registry's ``n_images`` (schema-checked: count, source)."""
+    return {name: {"images": int(e["n_images"]["count"]), "source": str(e["n_images"]["source"])}
+            for name, e in datasets.items() if isinstance(e, dict) and e.get("n_images")}
 
 
 def manifest_rows(path: str) -> int | None:
