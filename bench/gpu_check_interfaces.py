@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from common import gpu_check_device, gpu_check_parser, write_gpu_check, interleaved_times  # noqa: E402
 from retinabench.models import hf_config, load_dual_encoder, load_mllm  # noqa: E402
+from retinabench.models.mllm import chat_texts  # noqa: E402
 from retinabench.prompts import load_prompts  # noqa: E402
 from retinabench.protocols.mllm import (_batch_inputs, generate_answers, greedy_config, parse_yes_no,  # noqa: E402
                                         yes_no_scores)
@@ -145,7 +146,7 @@ def check_mllm(entry: dict, dev, smoke: bool, n: int, batch: int, repeats: int, 
     scored(), alone()  # warm-up (kernels, allocator)
     t_alone, t_scored = interleaved_times(alone, scored, repeats)
     # greedy consistency: the first generated token is the argmax of the very logits that are scored
-    inputs = _batch_inputs(mllm, prompt, questions[:batch], images[:batch])
+    inputs = _batch_inputs(mllm, chat_texts(mllm.processor, prompt, questions[:batch]), images[:batch])
     with torch.inference_mode():
         out = mllm.model.generate(**inputs, generation_config=greedy_config(mllm.model, 8, 0))
     first = out.sequences[:, inputs["input_ids"].shape[1]]

@@ -21,6 +21,7 @@ from common import interleaved_times, set_threads  # noqa: E402
 
 from retinabench.prompts import load_prompts  # noqa: E402
 from retinabench.models import load_mllm  # noqa: E402
+from retinabench.models.mllm import chat_texts  # noqa: E402
 from retinabench.protocols.mllm import generate_answers, parse_yes_no  # noqa: E402
 from retinabench.models.tiny import build_tiny_llava  # noqa: E402
 
@@ -58,7 +59,7 @@ def measure(name: str, kwargs: dict, n: int, batch: int, max_new_tokens: int = 8
     alone(), scored()  # warm-up
     t_alone, t_scored = interleaved_times(alone, scored, REPEATS)
     # the added work in isolation: scoring the first-step logits of one batch + parsing its answers
-    inputs = _batch_inputs(mllm, prompt, questions[:batch], images[:batch])
+    inputs = _batch_inputs(mllm, chat_texts(mllm.processor, prompt, questions[:batch]), images[:batch])
     with torch.inference_mode():
         out = mllm.model.generate(**inputs, generation_config=greedy_config(mllm.model, max_new_tokens, 0))
     answers = mllm.tokenizer.batch_decode(out.sequences[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)

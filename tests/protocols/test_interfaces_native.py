@@ -67,14 +67,15 @@ def test_original_images_decode_with_the_one_decoder_in_manifest_order(originals
 
 def test_tiny_qwen2_vl_sees_another_pixel_grid_from_the_original_than_from_the_224_cache(originals, tiny_mllms):
     from retinabench.models import load_mllm
+    from retinabench.models.mllm import chat_texts
     from retinabench.protocols.mllm import _batch_inputs
     root, manifest, _, _, cache = originals
     entry, folder = tiny_mllms["tiny_qwen2_vl"]
     m = load_mllm(entry, weights=folder, device="cpu")
     prompt = load_prompts(REPO / "config/prompts.yaml").mllm("plain", TASK)
     _, native = original_images(manifest, "d", root)
-    a = _batch_inputs(m, prompt, ["q"], native[[0]])
-    b = _batch_inputs(m, prompt, ["q"], cache[[0]])
+    a = _batch_inputs(m, chat_texts(m.processor, prompt, ["q"]), native[[0]])
+    b = _batch_inputs(m, chat_texts(m.processor, prompt, ["q"]), cache[[0]])
     # 112 x 56 original: smart resize within max_pixels 56*56 keeps its aspect (28 x 56 px: a 2 x 4 patch grid);
     # the squashed 224 x 224 cache becomes 56 x 56 (4 x 4)
     assert a["image_grid_thw"].tolist() == [[1, 2, 4]] and b["image_grid_thw"].tolist() == [[1, 4, 4]]

@@ -37,8 +37,9 @@ def test_enabling_the_interfaces_adds_their_jobs_and_nothing_else(tmp_path, make
     after = rule_counts(proc.stdout)
     assert after["zeroshot"] == 2 and after["mllm"] == 1 and after["interface_tables"] == 1
     added = {r: after.get(r, 0) - before.get(r, 0) for r in after}
+    # + FOCUS's figures that need zero-shot / MLLM results (probe vs zero-shot, MLLM size vs AUROC)
     assert {r: n for r, n in added.items() if n} == {"zeroshot": 2, "mllm": 1, "interface_tables": 1,
-                                                     "reliability": 3, "total": 7}, added
+                                                     "reliability": 3, "focus_figure": 2, "total": 9}, added
     assert "not run: no zeroshot prompt set covers it" in proc.stderr  # the phantom's non-harmonised tasks
     assert yaml.safe_load((work / "config/tiny.yaml").read_text())["mllm"]["encoders"] == ml
 
