@@ -31,6 +31,19 @@ def tvhl_manifest(tvhl_root):
     return adapt_tvhl(tvhl_root, {"name": "tvhl"})
 
 
+def shipped_config(*names: str) -> dict:
+    """config/config.yaml with config/<name>.yaml merged over it in order, as Snakemake and the CLI merge
+    --configfile (snakemake.utils.update_config: nested sections merged key by key), registry paths absolute."""
+    import yaml
+    from snakemake.utils import update_config
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for name in names:
+        update_config(config, yaml.safe_load((REPO / f"config/{name}.yaml").read_text()))
+    config["registries"] = {k: str(REPO / v) if isinstance(v, str) else [str(REPO / x) for x in v]
+                            for k, v in config["registries"].items()}
+    return config
+
+
 @pytest.fixture(scope="session")
 def registries():
     from retinabench.registry import Registries

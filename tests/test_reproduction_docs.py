@@ -5,10 +5,9 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
-from snakemake.utils import update_config
 
 from retinabench.plan import WorkflowPlan
+from tests.conftest import shipped_config
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs" / "reproduction.md").read_text()
@@ -26,17 +25,9 @@ def _rows(text: str) -> list[list[str]]:
     return rows[1:]  # without the header
 
 
-def _config(*names: str) -> dict:
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    for name in names:
-        update_config(config, yaml.safe_load((REPO / f"config/{name}.yaml").read_text()))
-    config["registries"] = {k: str(REPO / v) for k, v in config["registries"].items()}
-    return config
-
-
 @pytest.mark.parametrize("study,config_name,n_rows", [("OcularBench", "ocularbench", 16), ("FOCUS", "focus", 13)])
 def test_every_figure_and_table_row_names_planned_outputs(study, config_name, n_rows):
-    config = _config(config_name)
+    config = shipped_config(config_name)
     results = config["results"]
     planned = {str(Path(t).relative_to(results)) for t in WorkflowPlan(config).all_targets()
                if str(t).startswith(results)}
@@ -64,7 +55,7 @@ def _exists(config: dict, key: str) -> bool:
 
 @pytest.mark.parametrize("study", ["ocularbench", "focus"])
 def test_named_config_keys_exist_and_cited_tests_exist(study):
-    config = _config(study)
+    config = shipped_config(study)
     text = DOC[DOC.index("\n## OcularBench\n"):DOC.index("\n## FOCUS\n")] if study == "ocularbench" else \
         DOC[DOC.index("\n## FOCUS\n"):]
     keys = set()

@@ -191,12 +191,9 @@ def test_ocularbench_plans_the_papers_figures_and_tables():
     """config/ocularbench.yaml (merged over config/config.yaml as the CLI does) plans Fig. 4, Fig. A.3, Table 1 and
     the OCT top-k panel; its protocol figures show the paper's three protocols, the cached `linear` probe only in the
     extended twins; the groups are the paper's."""
-    from snakemake.utils import update_config
-
     from retinabench.stats.groups import domain_group
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    update_config(config, yaml.safe_load((REPO / "config/ocularbench.yaml").read_text()))
-    config["registries"] = {k: str(REPO / v) for k, v in config["registries"].items()}
+    from tests.conftest import shipped_config
+    config = shipped_config("ocularbench")
     ctx = context(config)
     skipped: list = []
     out = analysis_outputs(ctx, "R", skipped)

@@ -5,19 +5,13 @@ import yaml
 
 from retinabench.data.derived import harmonised_groups, unsupported_harmonised
 from retinabench.plan.selection import plan
+from tests.conftest import shipped_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _config(name):
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    config.update(yaml.safe_load((REPO / f"config/{name}.yaml").read_text()))
-    config["registries"] = {k: str(REPO / v) for k, v in config["registries"].items()}
-    return config
-
-
 def test_ocularbench_grid_is_the_39_tasks_over_its_established_datasets(registries):
-    p = plan(_config("ocularbench"))
+    p = plan(shipped_config("ocularbench"))
     ob = [n for n, t in registries.tasks.items() if "ocularbench" in t.get("papers", [])]
     assert len(ob) == 39 and p.tasks == ob
     families = {registries.task(t)["family"] for t in p.tasks}
@@ -30,7 +24,7 @@ def test_ocularbench_grid_is_the_39_tasks_over_its_established_datasets(registri
 
 
 def test_focus_grid_is_its_10_datasets_and_harmonised_tasks_with_every_gap_explained(registries):
-    config = _config("focus")
+    config = shipped_config("focus")
     p = plan(config)
     assert len(p.datasets) == 10 and all(registries.task(t).get("harmonised") for t in p.tasks)
     # the grid's encoders are the registry's FOCUS image encoders (vision models and the VLMs' image towers)
@@ -64,7 +58,7 @@ def test_ocularbench_plus_extends_the_paper_grid_and_changes_nothing_else(regist
     their artifacts are reused: same results folder, same settings) and adds DINOv3 (timm) and MIRAGE."""
     plus = yaml.safe_load((REPO / "config/ocularbench_plus.yaml").read_text())
     assert set(plus) == {"encoders"}
-    paper = _config("ocularbench")
+    paper = shipped_config("ocularbench")
     n = len(paper["encoders"])
     assert plus["encoders"][:n] == paper["encoders"]
     extension = plus["encoders"][n:]
@@ -81,12 +75,8 @@ def test_focus_grid_is_its_532_base_configurations(registries):
     """FOCUS's 532 base configurations = 28 models x 19 tasks: 10 vision models x 19 (190), 6 CLIP-like VLMs x 19 x
     {logistic probe, zero-shot} (228), 6 MLLMs x 19 (114). Here 18 tasks run (504 configurations); the 19th, mBRSET
     GON, has no label in mBRSET's release and is recorded in the harmonised-coverage table with the reason."""
-    from snakemake.utils import update_config
-
     from retinabench.plan import WorkflowPlan
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    update_config(config, yaml.safe_load((REPO / "config/focus.yaml").read_text()))
-    config["registries"] = {k: str(REPO / v) for k, v in config["registries"].items()}
+    config = shipped_config("focus")
     p = WorkflowPlan(config)
     zeroshot = {e: j.tasks for (kind, e, _), j in p.interfaces.jobs.items() if kind == "zeroshot"}
     mllm = {e: j.tasks for (kind, e, _), j in p.interfaces.jobs.items() if kind == "mllm"}

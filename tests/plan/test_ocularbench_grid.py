@@ -5,18 +5,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from retinabench.plan import WorkflowPlan
+from tests.conftest import shipped_config
 
 REPO = Path(__file__).resolve().parents[2]
 SENSITIVITY_ENCODERS = ["vit_base_patch16_in21k", "dinov2_vitb14", "siglip_so400m_patch14_384"]
 
 
 def _config(*names, **overrides):
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    for name in names:
-        config.update(yaml.safe_load((REPO / f"config/{name}.yaml").read_text()))
+    config = shipped_config(*names)
     config.update(overrides)
     return config
 

@@ -2,24 +2,16 @@
 allow and records the rest as skipped with the reason."""
 from pathlib import Path
 
-import yaml
 
 from retinabench.plan import WorkflowPlan
 from retinabench.plan.focus import FIGURES, TABLES
+from tests.conftest import shipped_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _config(path: str | None = None) -> dict:
-    c = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    if path:
-        c.update(yaml.safe_load((REPO / path).read_text()))
-    c["registries"] = {k: str(REPO / v) for k, v in c["registries"].items()}
-    return c
-
-
 def test_focus_config_plans_every_focus_table_and_figure():
-    p = WorkflowPlan(_config("config/focus.yaml"))
+    p = WorkflowPlan(shipped_config("focus"))
     foc = p.reliability.focus
     assert foc.table_names() == list(TABLES) and foc.figure_names() == list(FIGURES)
     targets = set(p.reliability.targets())
@@ -36,7 +28,7 @@ def test_focus_config_plans_every_focus_table_and_figure():
 
 
 def test_default_config_skips_what_it_cannot_produce_with_the_reason():
-    p = WorkflowPlan(_config())
+    p = WorkflowPlan(shipped_config())
     foc = p.reliability.focus
     skipped = {r["output"]: r["reason"] for r in p.reliability.skipped() if r["output"].startswith("focus_")}
     planned = set(foc.table_names()) | set(foc.figure_names())
