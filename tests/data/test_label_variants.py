@@ -92,11 +92,11 @@ def test_variant_declarations_are_checked(registries):
 
 def test_variants_are_selected_by_name_only(registries):
     from retinabench.plan.selection import plan
-    from tests.data.test_paper_grids import _config
-    config = {**_config("focus"), "datasets": ["papila", "rfmid_riadd"], "tasks": None}
+    from tests.conftest import shipped_config
+    config = {**shipped_config("focus"), "datasets": ["papila", "rfmid_riadd"], "tasks": None}
     p = plan(config)
     assert "papila_cfp_gon" in p.tasks and not [t for t in p.tasks if t.endswith("_focus")]
-    focus = plan(_config("focus"))
+    focus = plan(shipped_config("focus"))
     assert {"papila_cfp_gon_focus", "rfmid_riadd_cfp_referable_focus", "rfmid2_cfp_referable_focus"} <= set(focus.tasks)
 
 
